@@ -1,0 +1,220 @@
+//! The create-order service from the README: `POST /orders` takes effect once per
+//! `Idempotency-Key`, scoped by the `X-User-Id` header.
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --example orders
+//! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: k1' \
+//!      -H 'content-type: application/json' -d '{"user_id": 1001, "amount": 299}'
+//! ```
+
+use std::net::SocketAddr;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use axum_idempotency::{IdempotencyLayer, IdempotentTx};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use serde::{Deserialize, Serialize};
+use tokio_postgres::NoTls;
+
+#[derive(Deserialize)]
+struct NewOrder {
+    user_id: i64,
+    amount: i64,
+}
+
+#[derive(Serialize)]
+struct Order {
+    order_no: String,
+    user_id: i64,
+    amount: i64,
+}
+
+/// Handler errors, as problem documents.
+enum AppError {
+    InvalidAmount,
+    Database(axum_idempotency::Error),
+}
+
+impl From<axum_idempotency::Error> for AppError {
+    fn from(e: axum_idempotency::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for AppError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Database(e.into())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for AppError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Self::Database(e.into())
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let (status, detail) = match self {
+            Self::InvalidAmount => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "amount must be positive".to_owned(),
+            ),
+            Self::Database(e) => {
+                eprintln!("database error: {e}: {:?}", std::error::Error::source(&e));
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database is unavailable".to_owned(),
+                )
+            }
+        };
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": status.canonical_reason(),
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        (
+            status,
+            [("content-type", "application/problem+json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// Creates an order. The order row and the idempotency record commit together.
+async fn create_order(
+    tx: IdempotentTx,
+    Json(order): Json<NewOrder>,
+) -> Result<impl IntoResponse, AppError> {
+    if order.amount <= 0 {
+        return Err(AppError::InvalidAmount);
+    }
+    let insert = tx
+        .prepare_cached(
+            "INSERT INTO orders (order_no, user_id, amount) \
+             VALUES ('ORD-' || nextval('orders_no_seq'), $1, $2) RETURNING order_no",
+        )
+        .await?;
+    let row = tx
+        .query_one(&insert, &[&order.user_id, &order.amount])
+        .await?;
+    let order_no: String = row.get(0);
+    let location = format!("/orders/{order_no}");
+    Ok((
+        StatusCode::CREATED,
+        [("location", location)],
+        Json(Order {
+            order_no,
+            user_id: order.user_id,
+            amount: order.amount,
+        }),
+    ))
+}
+
+async fn get_order(
+    State(pool): State<Pool>,
+    Path(order_no): Path<String>,
+) -> Result<Response, AppError> {
+    let client = pool.get().await?;
+    let row = client
+        .query_opt(
+            "SELECT order_no, user_id, amount FROM orders WHERE order_no = $1",
+            &[&order_no],
+        )
+        .await?;
+    Ok(match row {
+        Some(row) => Json(Order {
+            order_no: row.get(0),
+            user_id: row.get(1),
+            amount: row.get(2),
+        })
+        .into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    })
+}
+
+/// The application, also used by the tests.
+fn app(pool: Pool, idempotency: IdempotencyLayer) -> Router {
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/{order_no}", get(get_order))
+        .layer(idempotency)
+        .with_state(pool)
+}
+
+async fn create_schema(pool: &Pool) -> Result<(), axum_idempotency::Error> {
+    axum_idempotency::migrate(pool).await?;
+    let client = pool.get().await?;
+    client
+        .batch_execute(
+            "CREATE SEQUENCE IF NOT EXISTS orders_no_seq;
+             CREATE TABLE IF NOT EXISTS orders (
+                 order_no   text        PRIMARY KEY,
+                 user_id    bigint      NOT NULL,
+                 amount     bigint      NOT NULL,
+                 created_at timestamptz NOT NULL DEFAULT now()
+             );",
+        )
+        .await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let database_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let bind: SocketAddr = std::env::var("BIND_ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
+        .parse()?;
+
+    let manager = Manager::from_config(
+        database_url.parse()?,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager).max_size(16).build()?;
+    create_schema(&pool).await?;
+
+    let idempotency = IdempotencyLayer::new(pool.clone()).scope(|parts| {
+        parts
+            .headers
+            .get("x-user-id")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    });
+    let listener = tokio::net::TcpListener::bind(bind).await?;
+    println!("orders example listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app(pool, idempotency.clone()))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    idempotency.drain().await;
+    println!("orders example stopped");
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! The crate's error type.
+
+use std::fmt;
+
+/// An error from the database side of the crate: checking out a connection, running a
+/// statement on the shared transaction, or migrating the schema.
+///
+/// The source is always kept, so `std::error::Error::source` walks to the
+/// `tokio_postgres::Error` or `deadpool_postgres::PoolError` underneath.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// No connection could be checked out of the pool.
+    Pool(deadpool_postgres::PoolError),
+    /// PostgreSQL (or the connection to it) reported an error.
+    Postgres(tokio_postgres::Error),
+    /// The transaction this handle belonged to has already been committed or rolled back —
+    /// typically a handle moved into a task that outlived its handler.
+    TransactionEnded,
+    /// The database holds a schema version this build of the crate does not know.
+    UnknownSchemaVersion {
+        /// Highest version found in the database.
+        found: i32,
+        /// Highest version this build ships.
+        known: i32,
+    },
+}
+
+impl Error {
+    /// The SQLSTATE code, when PostgreSQL reported one.
+    pub fn sql_state(&self) -> Option<&tokio_postgres::error::SqlState> {
+        match self {
+            Self::Postgres(e) => e.code(),
+            Self::Pool(deadpool_postgres::PoolError::Backend(e)) => e.code(),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Pool(_) => f.write_str("could not check out a database connection"),
+            Self::Postgres(_) => f.write_str("database error"),
+            Self::TransactionEnded => f.write_str(
+                "the idempotent transaction has already ended; \
+                 an IdempotentTx must not outlive its handler",
+            ),
+            Self::UnknownSchemaVersion { found, known } => write!(
+                f,
+                "the database schema is at version {found}, \
+                 newer than the {known} this version of axum-idempotency knows"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Pool(e) => Some(e),
+            Self::Postgres(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Self::Pool(e)
+    }
+}
+
+impl From<tokio_postgres::Error> for Error {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Self::Postgres(e)
+    }
+}

@@ -1,0 +1,299 @@
+//! Request fingerprints: what makes two requests "the same request" for one key.
+//!
+//! The fingerprint is SHA-256 over the method, the path and query, the configured headers and
+//! the body. JSON bodies are hashed in canonical form — object keys sorted, insignificant
+//! whitespace dropped, configured fields removed — so a client that re-serialises the same
+//! document gets the same fingerprint. Anything that is not JSON, is not valid JSON, or nests
+//! deeper than the configured depth is hashed byte for byte.
+
+use http::HeaderName;
+use http::request::Parts;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Default bound on JSON nesting for canonicalisation.
+pub(crate) const DEFAULT_MAX_JSON_DEPTH: usize = 32;
+
+/// A SHA-256 request fingerprint.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fingerprint(pub(crate) [u8; 32]);
+
+impl std::fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Fingerprint({})", crate::key::hex(&self.0))
+    }
+}
+
+/// How fingerprints are computed; part of the layer's configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Fingerprinter {
+    pub(crate) headers: Vec<HeaderName>,
+    /// JSON Pointers (RFC 6901), already split into unescaped segments.
+    pub(crate) ignored: Vec<Vec<String>>,
+    pub(crate) max_json_depth: usize,
+}
+
+impl Default for Fingerprinter {
+    fn default() -> Self {
+        Self {
+            headers: Vec::new(),
+            ignored: Vec::new(),
+            max_json_depth: DEFAULT_MAX_JSON_DEPTH,
+        }
+    }
+}
+
+impl Fingerprinter {
+    pub(crate) fn compute(&self, parts: &Parts, body: &[u8]) -> Fingerprint {
+        let mut hasher = Sha256::new();
+        field(&mut hasher, b'M', parts.method.as_str().as_bytes());
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |target| target.as_str());
+        field(&mut hasher, b'U', target.as_bytes());
+        for name in &self.headers {
+            for value in parts.headers.get_all(name) {
+                field(&mut hasher, b'H', name.as_str().as_bytes());
+                field(&mut hasher, b'V', value.as_bytes());
+            }
+        }
+        match self.canonical_json(parts, body) {
+            Some(canonical) => field(&mut hasher, b'J', &canonical),
+            None => field(&mut hasher, b'B', body),
+        }
+        Fingerprint(hasher.finalize().into())
+    }
+
+    fn canonical_json(&self, parts: &Parts, body: &[u8]) -> Option<Vec<u8>> {
+        if !is_json(parts) {
+            return None;
+        }
+        // serde_json refuses nesting past 128 levels, so parsing cannot overflow the stack.
+        let mut value: Value = serde_json::from_slice(body).ok()?;
+        if depth_exceeds(&value, self.max_json_depth) {
+            return None;
+        }
+        for pointer in &self.ignored {
+            remove_pointer(&mut value, pointer);
+        }
+        let mut out = Vec::with_capacity(body.len());
+        write_canonical(&mut out, &value);
+        Some(out)
+    }
+}
+
+/// Splits an RFC 6901 JSON Pointer (`/order/client_sent_at`) into unescaped segments.
+pub(crate) fn parse_pointer(pointer: &str) -> Option<Vec<String>> {
+    let rest = pointer.strip_prefix('/')?;
+    Some(
+        rest.split('/')
+            .map(|segment| segment.replace("~1", "/").replace("~0", "~"))
+            .collect(),
+    )
+}
+
+fn field(hasher: &mut Sha256, tag: u8, bytes: &[u8]) {
+    hasher.update([tag]);
+    hasher.update((bytes.len() as u64).to_be_bytes());
+    hasher.update(bytes);
+}
+
+fn is_json(parts: &Parts) -> bool {
+    let Some(content_type) = parts.headers.get(http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    let Ok(content_type) = content_type.to_str() else {
+        return false;
+    };
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+fn depth_exceeds(value: &Value, max: usize) -> bool {
+    // Iterative, so the check itself needs no stack.
+    let mut stack = vec![(value, 1usize)];
+    while let Some((value, depth)) = stack.pop() {
+        match value {
+            Value::Array(items) if depth > max && !items.is_empty() => return true,
+            Value::Object(map) if depth > max && !map.is_empty() => return true,
+            Value::Array(items) => stack.extend(items.iter().map(|child| (child, depth + 1))),
+            Value::Object(map) => stack.extend(map.values().map(|child| (child, depth + 1))),
+            _ => {}
+        }
+    }
+    false
+}
+
+fn remove_pointer(value: &mut Value, segments: &[String]) {
+    let Some((last, parents)) = segments.split_last() else {
+        return;
+    };
+    let mut target = value;
+    for segment in parents {
+        target = match target {
+            Value::Object(map) => match map.get_mut(segment) {
+                Some(child) => child,
+                None => return,
+            },
+            Value::Array(items) => match segment.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                Some(child) => child,
+                None => return,
+            },
+            _ => return,
+        };
+    }
+    match target {
+        Value::Object(map) => {
+            map.remove(last);
+        }
+        Value::Array(items) => {
+            if let Some(index) = last.parse::<usize>().ok().filter(|&i| i < items.len()) {
+                items.remove(index);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Compact JSON with object keys in byte order, whatever order the parser kept.
+fn write_canonical(out: &mut Vec<u8>, value: &Value) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+            out.push(b'{');
+            for (i, (key, child)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                // Serialising a string into a Vec cannot fail.
+                let _ = serde_json::to_writer(&mut *out, key);
+                out.push(b':');
+                write_canonical(out, child);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            out.push(b'[');
+            for (i, child) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_canonical(out, child);
+            }
+            out.push(b']');
+        }
+        scalar => {
+            let _ = serde_json::to_writer(&mut *out, scalar);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(method: &str, uri: &str, content_type: Option<&str>) -> Parts {
+        let mut builder = Request::builder().method(method).uri(uri);
+        if let Some(content_type) = content_type {
+            builder = builder.header("content-type", content_type);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    fn json(body: &str) -> Fingerprint {
+        Fingerprinter::default().compute(&parts("POST", "/orders", Some("application/json")), body.as_bytes())
+    }
+
+    #[test]
+    fn json_key_order_and_whitespace_do_not_matter() {
+        assert_eq!(json(r#"{"a":1,"b":[1,2]}"#), json("{ \"b\" : [1, 2],\n \"a\": 1 }"));
+        assert_ne!(json(r#"{"a":1}"#), json(r#"{"a":2}"#));
+        assert_ne!(json(r#"[1,2]"#), json(r#"[2,1]"#));
+    }
+
+    #[test]
+    fn nested_objects_are_sorted_too() {
+        assert_eq!(
+            json(r#"{"x":{"b":1,"a":{"d":1,"c":2}}}"#),
+            json(r#"{"x":{"a":{"c":2,"d":1},"b":1}}"#)
+        );
+    }
+
+    #[test]
+    fn method_path_query_and_headers_count() {
+        let fp = Fingerprinter {
+            headers: vec![HeaderName::from_static("x-tenant")],
+            ..Fingerprinter::default()
+        };
+        let base = fp.compute(&parts("POST", "/a?x=1", None), b"body");
+        assert_ne!(base, fp.compute(&parts("PATCH", "/a?x=1", None), b"body"));
+        assert_ne!(base, fp.compute(&parts("POST", "/b?x=1", None), b"body"));
+        assert_ne!(base, fp.compute(&parts("POST", "/a?x=2", None), b"body"));
+        assert_ne!(base, fp.compute(&parts("POST", "/a?x=1", None), b"bodz"));
+        let mut with_header = parts("POST", "/a?x=1", None);
+        with_header.headers.insert("x-tenant", "t1".parse().unwrap());
+        assert_ne!(base, fp.compute(&with_header, b"body"));
+        // Headers not configured are ignored.
+        let mut other_header = parts("POST", "/a?x=1", None);
+        other_header.headers.insert("x-trace", "t1".parse().unwrap());
+        assert_eq!(base, fp.compute(&other_header, b"body"));
+    }
+
+    #[test]
+    fn ignored_fields_are_removed() {
+        let fp = Fingerprinter {
+            ignored: vec![parse_pointer("/sent_at").unwrap(), parse_pointer("/meta/trace~1id").unwrap()],
+            ..Fingerprinter::default()
+        };
+        let p = parts("POST", "/orders", Some("application/json"));
+        assert_eq!(
+            fp.compute(&p, br#"{"amount":1,"sent_at":"10:00","meta":{"trace/id":"a","v":1}}"#),
+            fp.compute(&p, br#"{"amount":1,"sent_at":"10:01","meta":{"trace/id":"b","v":1}}"#)
+        );
+        assert_ne!(
+            fp.compute(&p, br#"{"amount":1,"meta":{"v":1}}"#),
+            fp.compute(&p, br#"{"amount":2,"meta":{"v":1}}"#)
+        );
+    }
+
+    #[test]
+    fn invalid_or_deep_json_falls_back_to_bytes() {
+        let p = parts("POST", "/orders", Some("application/json"));
+        let fp = Fingerprinter::default();
+        // Not JSON: stable, and different bytes differ.
+        assert_eq!(fp.compute(&p, b"{nope"), fp.compute(&p, b"{nope"));
+        assert_ne!(fp.compute(&p, b"{nope"), fp.compute(&p, b"{nope "));
+        // Deeper than the bound: hashed as bytes, so whitespace matters again.
+        let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));
+        let deep_spaced = format!("{} {}", "[".repeat(40), "]".repeat(40));
+        assert_ne!(fp.compute(&p, deep.as_bytes()), fp.compute(&p, deep_spaced.as_bytes()));
+        // Far past serde_json's own limit: no stack overflow, a stable answer.
+        let very_deep = "[".repeat(100_000);
+        assert_eq!(fp.compute(&p, very_deep.as_bytes()), fp.compute(&p, very_deep.as_bytes()));
+    }
+
+    #[test]
+    fn json_is_recognised_by_media_type() {
+        for content_type in ["application/json", "application/json; charset=utf-8", "application/problem+json", "Application/JSON"] {
+            let p = parts("POST", "/", Some(content_type));
+            assert_eq!(
+                Fingerprinter::default().compute(&p, br#"{"a":1,"b":2}"#),
+                Fingerprinter::default().compute(&p, br#"{"b":2,"a":1}"#),
+                "{content_type}"
+            );
+        }
+        let text = parts("POST", "/", Some("text/plain"));
+        assert_ne!(
+            Fingerprinter::default().compute(&text, br#"{"a":1,"b":2}"#),
+            Fingerprinter::default().compute(&text, br#"{"b":2,"a":1}"#)
+        );
+    }
+}

@@ -1,0 +1,295 @@
+//! The `Idempotency-Key` header: parsing, validation and the record id derived from it.
+//!
+//! The header follows draft-ietf-httpapi-idempotency-key-header: its value is a Structured
+//! Field string (`"8e03978e-40d5-43e8-bc93-6894a57f9324"`). Many clients (Stripe-style SDKs)
+//! send the bare value instead, so both forms are accepted and name the same key.
+
+use std::fmt;
+
+use http::HeaderValue;
+use sha2::{Digest, Sha256};
+
+/// The request header that carries the key.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The longest key accepted, in characters after unquoting.
+pub const MAX_KEY_LEN: usize = 255;
+
+/// A validated idempotency key: 1–255 printable ASCII characters.
+///
+/// The quoted form `"abc"` and the bare form `abc` parse to the same key.
+///
+/// ```
+/// use axum_idempotency::IdempotencyKey;
+///
+/// let quoted = IdempotencyKey::parse(br#""order-42""#).unwrap();
+/// let bare = IdempotencyKey::parse(b"order-42").unwrap();
+/// assert_eq!(quoted, bare);
+/// assert_eq!(bare.as_str(), "order-42");
+///
+/// assert!(IdempotencyKey::parse(b"").is_err());
+/// assert!(IdempotencyKey::parse("caf\u{e9}".as_bytes()).is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(Box<str>);
+
+impl IdempotencyKey {
+    /// Parses a header value, quoted (Structured Field string) or bare.
+    pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
+        let key = match raw {
+            [b'"', inner @ .., b'"'] => unquote(inner)?,
+            [b'"', ..] => return Err(KeyError::BrokenQuoting),
+            _ => bare(raw)?,
+        };
+        if key.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(KeyError::TooLong { len: key.len() });
+        }
+        Ok(Self(key.into_boxed_str()))
+    }
+
+    /// Parses the value of an `Idempotency-Key` header.
+    pub fn from_header(value: &HeaderValue) -> Result<Self, KeyError> {
+        Self::parse(value.as_bytes())
+    }
+
+    /// The key as the client meant it (unquoted).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Keys can be secrets the client reuses: `Debug` shows a short digest, never the key.
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digest = Sha256::digest(self.0.as_bytes());
+        write!(f, "IdempotencyKey(sha256:{})", hex(&digest[..6]))
+    }
+}
+
+fn bare(raw: &[u8]) -> Result<String, KeyError> {
+    // Refuse over-long input before looking at it byte by byte.
+    if raw.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong { len: raw.len() });
+    }
+    for (position, &byte) in raw.iter().enumerate() {
+        if !(0x21..=0x7e).contains(&byte) {
+            return Err(KeyError::InvalidCharacter { position });
+        }
+        if byte == b'"' {
+            return Err(KeyError::BrokenQuoting);
+        }
+    }
+    // Every byte is ASCII, so this cannot fail.
+    String::from_utf8(raw.to_vec()).map_err(|_| KeyError::InvalidCharacter { position: 0 })
+}
+
+fn unquote(inner: &[u8]) -> Result<String, KeyError> {
+    // Escapes at most halve the length; anything longer than this cannot fit.
+    if inner.len() > 2 * MAX_KEY_LEN {
+        return Err(KeyError::TooLong { len: inner.len() });
+    }
+    let mut out = String::with_capacity(inner.len());
+    let mut bytes = inner.iter().enumerate();
+    while let Some((position, &byte)) = bytes.next() {
+        match byte {
+            b'\\' => match bytes.next() {
+                Some((_, &escaped @ (b'"' | b'\\'))) => out.push(char::from(escaped)),
+                _ => return Err(KeyError::BrokenQuoting),
+            },
+            b'"' => return Err(KeyError::BrokenQuoting),
+            // sf-string: printable ASCII including space.
+            0x20..=0x7e => out.push(char::from(byte)),
+            _ => return Err(KeyError::InvalidCharacter { position: position + 1 }),
+        }
+    }
+    Ok(out)
+}
+
+/// Why an `Idempotency-Key` value was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The key is empty (`""` or an empty header).
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`] characters.
+    TooLong {
+        /// Length seen, in bytes.
+        len: usize,
+    },
+    /// A byte outside printable ASCII (control character, non-ASCII, or a space in a bare key).
+    InvalidCharacter {
+        /// Byte offset in the header value.
+        position: usize,
+    },
+    /// A quote that does not open and close a Structured Field string, or a bad escape.
+    BrokenQuoting,
+    /// The request carries the header more than once.
+    Repeated,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Empty => f.write_str("the Idempotency-Key is empty"),
+            Self::TooLong { len } => write!(
+                f,
+                "the Idempotency-Key is {len} bytes long; at most {MAX_KEY_LEN} characters are allowed"
+            ),
+            Self::InvalidCharacter { position } => write!(
+                f,
+                "the Idempotency-Key has a character outside printable ASCII at byte {position}"
+            ),
+            Self::BrokenQuoting => f.write_str(
+                "the Idempotency-Key is neither a bare token nor a well-formed quoted string",
+            ),
+            Self::Repeated => f.write_str("the Idempotency-Key header is sent more than once"),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// The primary key of a stored record: the first 16 bytes of SHA-256 over (scope, key).
+///
+/// Sent to PostgreSQL as a `uuid` (16 bytes, half the index of a 32-byte `bytea`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct RecordId([u8; 16]);
+
+impl RecordId {
+    pub(crate) fn new(scope: &str, key: &IdempotencyKey) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"axum-idempotency/v1\0");
+        hasher.update((scope.len() as u64).to_be_bytes());
+        hasher.update(scope.as_bytes());
+        hasher.update(key.as_str().as_bytes());
+        let digest = hasher.finalize();
+        let mut id = [0; 16];
+        id.copy_from_slice(&digest[..16]);
+        Self(id)
+    }
+
+    /// The key of the transaction-scoped advisory lock that serialises requests for this record.
+    pub(crate) fn lock_key(self) -> i64 {
+        let mut high = [0; 8];
+        high.copy_from_slice(&self.0[..8]);
+        i64::from_be_bytes(high)
+    }
+}
+
+/// Logs and spans show this, never the raw key.
+impl fmt::Display for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex(&self.0[..8]))
+    }
+}
+
+impl fmt::Debug for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RecordId({})", hex(&self.0))
+    }
+}
+
+impl tokio_postgres::types::ToSql for RecordId {
+    fn to_sql(
+        &self,
+        _ty: &tokio_postgres::types::Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(&self.0);
+        Ok(tokio_postgres::types::IsNull::No)
+    }
+
+    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
+        *ty == tokio_postgres::types::Type::UUID
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for byte in bytes {
+        let _ = write!(out, "{byte:02x}");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_quoted_and_bare_forms() {
+        for (raw, key) in [
+            (&br#""abc""#[..], "abc"),
+            (b"abc", "abc"),
+            (br#""a b""#, "a b"),
+            (br#""say \"hi\" \\o/""#, r#"say "hi" \o/"#),
+            (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+        ] {
+            assert_eq!(IdempotencyKey::parse(raw).unwrap().as_str(), key, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_keys() {
+        let long = "k".repeat(256);
+        let long_quoted = format!("\"{long}\"");
+        for raw in [
+            &b""[..],
+            b"\"\"",
+            long.as_bytes(),
+            long_quoted.as_bytes(),
+            b"a b",
+            b"tab\there",
+            b"nul\0",
+            b"\x7f",
+            "caf\u{e9}".as_bytes(),
+            b"\xff\xfe",
+            b"\"unterminated",
+            b"\"",
+            b"un\"quoted",
+            b"\"bad\\escape\"",
+            b"\"trailing\\\"",
+            b"\"inner\"quote\"",
+        ] {
+            assert!(IdempotencyKey::parse(raw).is_err(), "{raw:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn length_limit_counts_unquoted_characters() {
+        let max = "k".repeat(MAX_KEY_LEN);
+        assert!(IdempotencyKey::parse(max.as_bytes()).is_ok());
+        assert!(IdempotencyKey::parse(format!("\"{max}\"").as_bytes()).is_ok());
+        let escaped = "\\\\".repeat(MAX_KEY_LEN);
+        assert_eq!(
+            IdempotencyKey::parse(format!("\"{escaped}\"").as_bytes())
+                .unwrap()
+                .as_str()
+                .len(),
+            MAX_KEY_LEN
+        );
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let key = IdempotencyKey::parse(b"secret-key").unwrap();
+        assert!(!format!("{key:?}").contains("secret"));
+    }
+
+    #[test]
+    fn record_id_separates_scopes() {
+        let key = IdempotencyKey::parse(b"k1").unwrap();
+        assert_ne!(RecordId::new("alice", &key), RecordId::new("bob", &key));
+        assert_eq!(RecordId::new("alice", &key), RecordId::new("alice", &key));
+        // The length prefix keeps ("ab", "c") apart from ("a", "bc").
+        let c = IdempotencyKey::parse(b"c").unwrap();
+        let bc = IdempotencyKey::parse(b"bc").unwrap();
+        assert_ne!(RecordId::new("ab", &c), RecordId::new("a", &bc));
+    }
+}

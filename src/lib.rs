@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod config;
+mod error;
+mod fingerprint;
+mod key;
+mod middleware;
+mod rejection;
+mod request;
+mod store;
+mod transaction;
+
+pub use crate::config::StoreDecision;
+pub use crate::error::Error;
+pub use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use crate::middleware::{Idempotency, IdempotencyLayer, ResponseFuture};
+pub use crate::rejection::{Rejection, RejectionKind};
+pub use crate::request::REPLAYED_HEADER;
+pub use crate::store::migrate;
+pub use crate::transaction::IdempotentTx;

@@ -1,0 +1,266 @@
+//! [`IdempotencyLayer`] and its configuration.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::Response;
+use deadpool_postgres::Pool;
+use http::request::Parts;
+use http::{HeaderName, Method, StatusCode};
+use tower_layer::Layer;
+
+use super::Idempotency;
+use crate::Rejection;
+use crate::config::{Config, StoreDecision};
+use crate::fingerprint::parse_pointer;
+
+/// Makes POST and PATCH handlers that take [`IdempotentTx`](crate::IdempotentTx) take
+/// effect once per `Idempotency-Key`, storing the response in the same PostgreSQL
+/// transaction as the handler's own rows.
+///
+/// For requests on a covered method with a key, the layer validates the key, buffers the
+/// body (up to [`body_limit`](Self::body_limit)), computes the request's fingerprint and
+/// hands the extractor a lazy handle; the database is only touched when the handler takes
+/// `IdempotentTx`. Other requests pass through untouched.
+///
+/// Every builder method consumes the layer and returns it; cloning the finished layer (as
+/// `Router::layer` does per route) only bumps a reference count.
+///
+/// # Example
+///
+/// ```no_run
+/// use axum::{Router, routing::post};
+/// use axum_idempotency::{IdempotencyLayer, IdempotentTx};
+/// use std::time::Duration;
+///
+/// # async fn create_order(_tx: IdempotentTx) {}
+/// # fn app(pool: deadpool_postgres::Pool) -> Router {
+/// // The defaults: POST and PATCH, 1 MiB bodies, records kept for 24 hours,
+/// // 409 + `Retry-After: 1` while a key is in flight.
+/// let default = IdempotencyLayer::new(pool.clone());
+///
+/// // Customised: one key space per user, a longer retention, and a short wait for an
+/// // in-flight request instead of an immediate 409.
+/// let layer = IdempotencyLayer::new(pool)
+///     .scope(|parts| {
+///         parts.headers.get("x-user-id")?.to_str().ok().map(str::to_owned)
+///     })
+///     .ttl(Duration::from_secs(3 * 24 * 3600))
+///     .wait_for_in_flight(Duration::from_secs(2));
+///
+/// Router::new()
+///     .route("/orders", post(create_order))
+///     .layer(layer)
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+impl IdempotencyLayer {
+    /// A layer that stores records through `pool`, with the defaults described on each
+    /// builder method. Run [`migrate`](crate::migrate) once before serving.
+    pub fn new(pool: Pool) -> Self {
+        Self {
+            config: Arc::new(Config::new(pool)),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// Derives the key's scope (tenant, user, API client) from the request. The same key
+    /// in two scopes names two independent operations, and a stored response is never
+    /// replayed to another scope. `None` puts the request in the shared, unscoped key
+    /// space.
+    ///
+    /// Default: no scope function; every request is unscoped. Behind authentication,
+    /// derive the scope from the authenticated principal, not from a header the client
+    /// chooses freely.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(pool).scope(|parts| {
+    ///     parts.headers.get("x-tenant")?.to_str().ok().map(str::to_owned)
+    /// });
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn scope<F>(self, scope: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.with(|c| c.scope = Some(Arc::new(scope)))
+    }
+
+    /// The methods the layer acts on. Default: `POST` and `PATCH`.
+    #[must_use]
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.with(|c| c.methods = methods.into_iter().collect())
+    }
+
+    /// Largest request body the layer buffers; larger ones get 413 before the handler
+    /// runs. Checked against `Content-Length` first, then while reading. Default: 1 MiB.
+    #[must_use]
+    pub fn body_limit(self, bytes: usize) -> Self {
+        self.with(|c| c.body_limit = bytes)
+    }
+
+    /// How long the whole request body may take to arrive; slower ones get 408. Default:
+    /// 30 seconds.
+    #[must_use]
+    pub fn body_timeout(self, timeout: Duration) -> Self {
+        self.with(|c| c.body_timeout = timeout)
+    }
+
+    /// Largest response body that can be stored; a larger one rolls the work back and
+    /// answers 500. Default: 1 MiB.
+    #[must_use]
+    pub fn response_limit(self, bytes: usize) -> Self {
+        self.with(|c| c.response_limit = bytes)
+    }
+
+    /// How long a stored response is replayed. After that the key is treated as new.
+    /// Default: 24 hours.
+    #[must_use]
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|c| c.ttl = ttl)
+    }
+
+    /// Also store (and replay) this response header. `Content-Type` and `Location` are
+    /// always kept; `Set-Cookie` never is, even when listed.
+    #[must_use]
+    pub fn keep_header(self, name: HeaderName) -> Self {
+        self.with(|c| {
+            if !c.kept_headers.contains(&name) {
+                c.kept_headers.push(name);
+            }
+        })
+    }
+
+    /// Include this request header in the fingerprint, so the same key with another value
+    /// of it is a different request (422). Default: no headers.
+    #[must_use]
+    pub fn fingerprint_header(self, name: HeaderName) -> Self {
+        self.with(|c| c.fingerprint.headers.push(name))
+    }
+
+    /// Leave a JSON field out of the fingerprint — a client timestamp or a trace id that
+    /// changes between retries of the same operation. Takes a JSON Pointer
+    /// (`/meta/sent_at`) or a top-level field name (`sent_at`).
+    #[must_use]
+    pub fn ignore_json_field(self, field: &str) -> Self {
+        let segments = parse_pointer(field).unwrap_or_else(|| vec![field.to_owned()]);
+        self.with(|c| c.fingerprint.ignored.push(segments))
+    }
+
+    /// Deepest JSON nesting that is canonicalised; deeper bodies are fingerprinted byte for
+    /// byte. Default: 32.
+    #[must_use]
+    pub fn max_json_depth(self, depth: usize) -> Self {
+        self.with(|c| c.fingerprint.max_json_depth = depth)
+    }
+
+    /// Decides, from the handler's status code, whether to commit, store the response
+    /// without committing, or discard. Default: [`StoreDecision::for_status`].
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::{IdempotencyLayer, StoreDecision};
+    /// use http::StatusCode;
+    ///
+    /// // Also let a retry after 403 run again (permissions may have been granted since).
+    /// let layer = IdempotencyLayer::new(pool).store_policy(|status| match status {
+    ///     StatusCode::FORBIDDEN => StoreDecision::Discard,
+    ///     other => StoreDecision::for_status(other),
+    /// });
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn store_policy(self, policy: fn(StatusCode) -> StoreDecision) -> Self {
+        self.with(|c| c.store_policy = policy)
+    }
+
+    /// While another request with the same key is in flight, wait up to `timeout` for it
+    /// to finish and then replay its response, instead of answering 409 at once. The
+    /// waiting request holds a pooled connection. Default: no waiting.
+    #[must_use]
+    pub fn wait_for_in_flight(self, timeout: Duration) -> Self {
+        self.with(|c| c.wait_for_in_flight = Some(timeout))
+    }
+
+    /// Seconds sent in `Retry-After` with 409 and 503 answers. Default: 1.
+    #[must_use]
+    pub fn retry_after(self, seconds: u32) -> Self {
+        self.with(|c| c.retry_after = seconds)
+    }
+
+    /// Renders the crate's own error answers. Default: RFC 9457 problem documents
+    /// ([`Rejection::problem_response`]). `Retry-After` and the [`Rejection`] in the
+    /// response extensions are added to whatever the closure returns.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum::{Json, response::IntoResponse};
+    /// use axum_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(pool).on_rejection(|rejection| {
+    ///     let body = serde_json::json!({ "error": rejection.kind().code() });
+    ///     (rejection.status(), Json(body)).into_response()
+    /// });
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn on_rejection<F>(self, render: F) -> Self
+    where
+        F: Fn(&Rejection) -> Response + Send + Sync + 'static,
+    {
+        self.with(|c| c.on_rejection = Some(Arc::new(render)))
+    }
+
+    /// Whether a keyed request keeps running when the client goes away. When `true` (the
+    /// default), handler and commit run in a task of their own, so a response lost on the
+    /// way back is still committed and the client's retry gets it replayed. When `false`,
+    /// a disconnect cancels the handler and rolls its work back.
+    #[must_use]
+    pub fn finish_on_disconnect(self, enabled: bool) -> Self {
+        self.with(|c| c.finish_on_disconnect = enabled)
+    }
+
+    /// Deadline for handler plus commit of a keyed request. Past it the work is rolled back
+    /// and the answer is 503. Default: 60 seconds.
+    #[must_use]
+    pub fn handler_timeout(self, timeout: Duration) -> Self {
+        self.with(|c| c.handler_timeout = timeout)
+    }
+
+    /// Store the raw key in the record (column `idempotency_key`) for troubleshooting.
+    /// Default: off — only a digest identifies the record.
+    #[must_use]
+    pub fn store_raw_key(self, enabled: bool) -> Self {
+        self.with(|c| c.store_raw_key = enabled)
+    }
+
+    /// Waits for the requests still finishing after their clients went away (see
+    /// [`finish_on_disconnect`](Self::finish_on_disconnect)). Call it after the server has
+    /// shut down, before the process exits.
+    pub async fn drain(&self) {
+        let tasks = &self.config.tasks;
+        tasks.close();
+        tasks.wait().await;
+        tasks.reopen();
+    }
+}
+
+impl<S> Layer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency::new(inner, Arc::clone(&self.config))
+    }
+}

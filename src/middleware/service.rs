@@ -1,0 +1,275 @@
+//! The [`Idempotency`] service.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use deadpool_postgres::Pool;
+use futures_util::FutureExt;
+use http::{Request, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use tower_service::Service;
+
+use super::{IdempotencyLayer, ResponseFuture};
+use crate::config::Config;
+use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
+use crate::rejection::{Rejection, RejectionKind, finalize};
+use crate::request::{Idempotent, KeyInvalid, KeyMissing, MethodNotCovered, RequestState};
+
+/// The middleware built by [`IdempotencyLayer`].
+#[derive(Clone, Debug)]
+pub struct Idempotency<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> Idempotency<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        Self { inner, config }
+    }
+
+    /// Shortcut for [`IdempotencyLayer::new`].
+    pub fn layer(pool: Pool) -> IdempotencyLayer {
+        IdempotencyLayer::new(pool)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the middleware, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for Idempotency<S>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let config = &self.config;
+        let key = if !config.covers(req.method()) {
+            req.extensions_mut().insert(MethodNotCovered);
+            None
+        } else {
+            let mut values = req.headers().get_all(IDEMPOTENCY_KEY).iter();
+            match (values.next(), values.next()) {
+                (None, _) => {
+                    req.extensions_mut().insert(KeyMissing);
+                    None
+                }
+                (Some(_), Some(_)) => {
+                    req.extensions_mut().insert(KeyInvalid(KeyError::Repeated));
+                    None
+                }
+                (Some(value), None) => match IdempotencyKey::from_header(value) {
+                    Ok(key) => Some(key),
+                    Err(e) => {
+                        req.extensions_mut().insert(KeyInvalid(e));
+                        None
+                    }
+                },
+            }
+        };
+        let Some(key) = key else {
+            return ResponseFuture::passthrough(
+                self.inner.call(req.map(Body::new)),
+                config.on_rejection.clone(),
+            );
+        };
+        // The instance that was driven to readiness goes into the future.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::idempotent(Box::pin(run(inner, Arc::clone(config), key, req)))
+    }
+}
+
+/// A keyed request on a covered method, from body buffering to the final answer.
+async fn run<S, B, ResBody>(
+    mut inner: S,
+    config: Arc<Config>,
+    key: IdempotencyKey,
+    req: Request<B>,
+) -> Result<Response, S::Error>
+where
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
+    let body = match buffer_body(&config, &parts.headers, body).await {
+        Ok(body) => body,
+        Err(rejection) => {
+            return Ok(finalize(rejection.problem_response(), config.on_rejection.as_ref()));
+        }
+    };
+    let scope = config
+        .scope
+        .as_ref()
+        .and_then(|scope| scope(&parts))
+        .unwrap_or_default();
+    let fingerprint = config.fingerprint.compute(&parts, &body);
+    let state = Arc::new(RequestState::new(
+        Arc::clone(&config),
+        scope,
+        key,
+        fingerprint,
+    ));
+    parts.extensions.insert(Idempotent(Arc::clone(&state)));
+    let handler = inner.call(Request::from_parts(parts, Body::from(body)));
+
+    let outcome = if config.finish_on_disconnect {
+        // Detached: dropping this future (client gone) does not cancel the work.
+        match config.tasks.spawn(execute(handler, state)).await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => Outcome::Panicked(e.into_panic()),
+            Err(_) => Outcome::Done(Ok(Rejection::new(
+                RejectionKind::StoreUnavailable,
+                "the server is shutting down; retry the request",
+            )
+            .with_retry_after(config.retry_after)
+            .problem_response())),
+        }
+    } else {
+        execute(handler, state).await
+    };
+    match outcome {
+        Outcome::Done(result) => {
+            result.map(|response| finalize(response, config.on_rejection.as_ref()))
+        }
+        // No transaction was involved: behave as if the layer were not there.
+        Outcome::Panicked(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+enum Outcome<E> {
+    Done(Result<Response, E>),
+    Panicked(Box<dyn Any + Send>),
+}
+
+/// Runs the handler under the deadline, catching panics, then completes the transaction.
+async fn execute<F, ResBody, E>(handler: F, state: Arc<RequestState>) -> Outcome<E>
+where
+    F: std::future::Future<Output = Result<Response<ResBody>, E>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    let deadline = state.config.handler_timeout;
+    let result = tokio::time::timeout(deadline, AssertUnwindSafe(handler).catch_unwind()).await;
+    match result {
+        Ok(Ok(Ok(response))) => Outcome::Done(Ok(state.complete(response).await)),
+        Ok(Ok(Err(e))) => {
+            state.abandon().await;
+            Outcome::Done(Err(e))
+        }
+        Ok(Err(panic)) => {
+            if state.abandon().await {
+                tracing::error!(record = %state.id, "handler panicked; rolled back");
+                Outcome::Done(Ok(state.reject(Rejection::new(
+                    RejectionKind::HandlerPanicked,
+                    "the handler failed; its work was rolled back and the request may be retried",
+                ))))
+            } else {
+                Outcome::Panicked(panic)
+            }
+        }
+        Err(_elapsed) => {
+            state.abandon().await;
+            tracing::warn!(record = %state.id, ?deadline, "handler deadline passed; rolled back");
+            Outcome::Done(Ok(state.reject(
+                Rejection::new(
+                    RejectionKind::HandlerTimedOut,
+                    "the request took too long and was rolled back; retry it",
+                )
+                .with_retry_after(state.config.retry_after),
+            )))
+        }
+    }
+}
+
+/// Reads the whole request body, bounded in size and time.
+async fn buffer_body<B>(
+    config: &Config,
+    headers: &http::HeaderMap,
+    body: B,
+) -> Result<Bytes, Rejection>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let too_large = || {
+        Rejection::new(
+            RejectionKind::PayloadTooLarge,
+            format!(
+                "the request body is larger than the {} bytes allowed",
+                config.body_limit
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > config.body_limit as u64) {
+        return Err(too_large());
+    }
+    let collect = Limited::new(body, config.body_limit).collect();
+    match tokio::time::timeout(config.body_timeout, collect).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(Rejection::new(
+            RejectionKind::BodyUnreadable,
+            "the request body could not be read",
+        )
+        .with_source(BodyError(e))),
+        Err(_elapsed) => Err(Rejection::new(
+            RejectionKind::BodyTimeout,
+            "the request body did not arrive in time",
+        )),
+    }
+}
+
+/// A body error, kept as the rejection's source.
+#[derive(Debug)]
+struct BodyError(axum::BoxError);
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}

@@ -1,0 +1,284 @@
+//! The answers the crate gives instead of running (or after failing to finish) a handler,
+//! rendered as RFC 9457 `application/problem+json` by default.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+
+/// What went wrong, in a form a program can branch on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectionKind {
+    /// The route requires an `Idempotency-Key` and the request has none (400).
+    MissingKey,
+    /// The `Idempotency-Key` is malformed (400).
+    InvalidKey,
+    /// The request body is larger than the configured limit (413).
+    PayloadTooLarge,
+    /// The request body could not be read (400).
+    BodyUnreadable,
+    /// The request body did not arrive within the configured time (408).
+    BodyTimeout,
+    /// The key was used before with a different request (422).
+    KeyReused,
+    /// A request with the same key is still being processed (409, with `Retry-After`).
+    InFlight,
+    /// The idempotency store could not be reached (503, with `Retry-After`).
+    StoreUnavailable,
+    /// The handler succeeded but its transaction could not be committed; nothing was stored
+    /// and a retry runs the handler again (503).
+    CommitFailed,
+    /// The handler's response is larger than the limit for stored responses; the work was
+    /// rolled back (500).
+    ResponseTooLarge,
+    /// The handler kept a copy of its `IdempotentTx` after returning; the work was rolled
+    /// back (500).
+    TransactionLeaked,
+    /// The handler panicked; the work was rolled back (500).
+    HandlerPanicked,
+    /// The handler did not finish within the configured deadline; the work was rolled back
+    /// (503).
+    HandlerTimedOut,
+    /// `IdempotentTx` was used on a route without `IdempotencyLayer` (500).
+    LayerMissing,
+    /// `IdempotentTx` was used on a method the layer does not cover (500).
+    MethodNotCovered,
+}
+
+impl RejectionKind {
+    /// The status code of the default response.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::MissingKey | Self::InvalidKey | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InFlight => StatusCode::CONFLICT,
+            Self::StoreUnavailable | Self::CommitFailed | Self::HandlerTimedOut => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::ResponseTooLarge
+            | Self::TransactionLeaked
+            | Self::HandlerPanicked
+            | Self::LayerMissing
+            | Self::MethodNotCovered => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A stable, machine-readable name, sent as the `code` member of the problem body.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing_key",
+            Self::InvalidKey => "invalid_key",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::BodyUnreadable => "body_unreadable",
+            Self::BodyTimeout => "body_timeout",
+            Self::KeyReused => "key_reused",
+            Self::InFlight => "in_flight",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::CommitFailed => "commit_failed",
+            Self::ResponseTooLarge => "response_too_large",
+            Self::TransactionLeaked => "transaction_leaked",
+            Self::HandlerPanicked => "handler_panicked",
+            Self::HandlerTimedOut => "handler_timed_out",
+            Self::LayerMissing => "layer_missing",
+            Self::MethodNotCovered => "method_not_covered",
+        }
+    }
+}
+
+/// A refusal or failure of the idempotency machinery.
+///
+/// Every response the crate makes on its own carries a clone of its `Rejection` in the
+/// response extensions, so outer middleware and tests can inspect [`Rejection::kind`]. The
+/// response itself is built by the layer's rejection handler (see
+/// [`IdempotencyLayer::on_rejection`](crate::IdempotencyLayer::on_rejection)), by default
+/// [`Rejection::problem_response`].
+#[derive(Clone)]
+pub struct Rejection {
+    kind: RejectionKind,
+    detail: Cow<'static, str>,
+    retry_after: Option<u32>,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl Rejection {
+    pub(crate) fn new(kind: RejectionKind, detail: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+            retry_after: None,
+            source: None,
+        }
+    }
+
+    pub(crate) fn with_retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after = Some(seconds);
+        self
+    }
+
+    pub(crate) fn with_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> RejectionKind {
+        self.kind
+    }
+
+    /// The status code of the default response.
+    pub fn status(&self) -> StatusCode {
+        self.kind.status()
+    }
+
+    /// A sentence for humans; it never contains the raw key.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// Seconds after which a retry makes sense, sent as `Retry-After`.
+    pub fn retry_after(&self) -> Option<u32> {
+        self.retry_after
+    }
+
+    /// The default rendering: an RFC 9457 problem document.
+    ///
+    /// ```
+    /// # use axum_idempotency::{Rejection, RejectionKind};
+    /// # fn show(rejection: &Rejection) {
+    /// let response = rejection.problem_response();
+    /// assert_eq!(response.headers()["content-type"], "application/problem+json");
+    /// // {"type":"about:blank","title":"Conflict","status":409,
+    /// //  "detail":"a request with this Idempotency-Key is still being processed",
+    /// //  "code":"in_flight"}
+    /// # }
+    /// ```
+    pub fn problem_response(&self) -> Response {
+        let status = self.status();
+        let problem = Problem {
+            r#type: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: &self.detail,
+            code: self.kind.code(),
+        };
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = Response::new(Body::from(body));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        self.decorate(response)
+    }
+
+    /// Adds what every rejection response carries whoever rendered it: `Retry-After` and
+    /// the rejection itself in the extensions.
+    pub(crate) fn decorate(&self, mut response: Response) -> Response {
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .entry(header::RETRY_AFTER)
+                .or_insert_with(|| HeaderValue::from(seconds));
+        }
+        response.extensions_mut().insert(self.clone());
+        response
+    }
+}
+
+#[derive(serde::Serialize)]
+struct Problem<'a> {
+    r#type: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: &'a str,
+    code: &'static str,
+}
+
+impl IntoResponse for Rejection {
+    fn into_response(self) -> Response {
+        self.problem_response()
+    }
+}
+
+impl fmt::Debug for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejection")
+            .field("kind", &self.kind)
+            .field("detail", &self.detail)
+            .field("retry_after", &self.retry_after)
+            .field("source", &self.source)
+            .finish()
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
+}
+
+impl std::error::Error for Rejection {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Builds the response for a rejection; set with
+/// [`IdempotencyLayer::on_rejection`](crate::IdempotencyLayer::on_rejection).
+pub(crate) type RejectionHandler = Arc<dyn Fn(&Rejection) -> Response + Send + Sync>;
+
+/// Re-renders a response the crate made with a custom rejection handler, if one is set.
+pub(crate) fn finalize(response: Response, handler: Option<&RejectionHandler>) -> Response {
+    let Some(handler) = handler else {
+        return response;
+    };
+    match response.extensions().get::<Rejection>() {
+        Some(rejection) => {
+            let rejection = rejection.clone();
+            rejection.decorate(handler(&rejection))
+        }
+        None => response,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn problem_document_has_rfc9457_members() {
+        let rejection = Rejection::new(RejectionKind::InFlight, "busy").with_retry_after(2);
+        let response = rejection.problem_response();
+        assert_eq!(response.status(), StatusCode::CONFLICT);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            "application/problem+json"
+        );
+        assert_eq!(
+            response.extensions().get::<Rejection>().map(Rejection::kind),
+            Some(RejectionKind::InFlight)
+        );
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "type": "about:blank", "title": "Conflict", "status": 409,
+                "detail": "busy", "code": "in_flight"
+            })
+        );
+    }
+}

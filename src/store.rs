@@ -1,0 +1,380 @@
+//! Everything that talks SQL: the schema migrations, the claim (lock and lookup), the final
+//! insert-and-commit, and the codec for stored responses.
+//!
+//! Tables are created and used without a schema qualifier, so they live in the first schema
+//! of the connections' `search_path`.
+
+use bytes::Bytes;
+use deadpool_postgres::{ClientWrapper, Pool};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+
+use crate::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+
+/// One migration file, embedded at compile time.
+struct Migration {
+    version: i32,
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Append-only: a released file never changes, a new one gets the next number.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "idempotency_records",
+    sql: include_str!("../migrations/0001_idempotency_records.sql"),
+}];
+
+/// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
+const MIGRATION_LOCK: i64 = 0x6178_6964_656d_0001;
+
+/// Creates or upgrades the crate's tables. Safe to call from every instance at start-up:
+/// concurrent calls wait for each other, and applied versions are recorded in
+/// `axum_idempotency_migrations`.
+///
+/// ```no_run
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), axum_idempotency::Error> {
+/// axum_idempotency::migrate(&pool).await?;
+/// # Ok(()) }
+/// ```
+pub async fn migrate(pool: &Pool) -> Result<(), Error> {
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (
+            version    integer     PRIMARY KEY,
+            name       text        NOT NULL,
+            applied_at timestamptz NOT NULL DEFAULT now()
+        )",
+    )
+    .await?;
+    let current: i32 = tx
+        .query_one(
+            "SELECT coalesce(max(version), 0) FROM axum_idempotency_migrations",
+            &[],
+        )
+        .await?
+        .get(0);
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    if current > known {
+        return Err(Error::UnknownSchemaVersion {
+            found: current,
+            known,
+        });
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tx.batch_execute(migration.sql).await?;
+        tx.execute(
+            "INSERT INTO axum_idempotency_migrations (version, name) VALUES ($1, $2)",
+            &[&migration.version, &migration.name],
+        )
+        .await?;
+        tracing::info!(version = migration.version, name = migration.name, "applied migration");
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
+const WAIT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)::text";
+const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at > now() \
+                      FROM idempotency_records WHERE id = $1";
+const SAVEPOINT: &str = "SAVEPOINT axum_idempotency";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT axum_idempotency";
+const DELETE_EXPIRED: &str = "DELETE FROM idempotency_records WHERE id = $1 AND expires_at <= now()";
+const INSERT: &str = "INSERT INTO idempotency_records \
+                      (id, scope, idempotency_key, fingerprint, status, headers, body, expires_at) \
+                      VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))";
+
+/// A completed response as stored.
+#[derive(Debug)]
+pub(crate) struct StoredResponse {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    pub(crate) fingerprint: Fingerprint,
+}
+
+/// What the claim found.
+#[derive(Debug)]
+pub(crate) enum Claim {
+    /// The lock is ours and no live record exists: run the handler. `replaces_expired` says
+    /// an expired record for the id is still in the table and must be deleted first.
+    Run { replaces_expired: bool },
+    /// Another transaction holds the lock: the key is in flight.
+    InFlight,
+    /// A live record exists.
+    Completed(StoredResponse),
+}
+
+/// Opens the transaction, takes the key's advisory lock and looks the record up — one round
+/// trip once the statements are prepared. The lookup runs after the lock in its own
+/// statement, so its READ COMMITTED snapshot sees whatever the previous holder committed.
+pub(crate) async fn claim(
+    client: &ClientWrapper,
+    id: RecordId,
+    wait: Option<std::time::Duration>,
+) -> Result<Claim, tokio_postgres::Error> {
+    let lookup = client.prepare_cached(LOOKUP).await?;
+    let lock_key = id.lock_key();
+    let (locked, found) = match wait {
+        None => {
+            let lock = client.prepare_cached(TRY_LOCK).await?;
+            let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+            let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
+            let (begin, locked, found, savepoint) = tokio::join!(
+                client.batch_execute("BEGIN"),
+                client.query_one(&lock, &lock_params),
+                client.query_opt(&lookup, &lookup_params),
+                client.batch_execute(SAVEPOINT),
+            );
+            begin?;
+            let locked: bool = locked?.get(0);
+            if !locked {
+                return Ok(Claim::InFlight);
+            }
+            savepoint?;
+            (locked, found?)
+        }
+        Some(wait) => {
+            let set_timeout = client.prepare_cached(SET_LOCK_TIMEOUT).await?;
+            let lock = client.prepare_cached(WAIT_LOCK).await?;
+            let timeout = format!("{}ms", wait.as_millis().max(1));
+            let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
+            let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+            let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
+            let (begin, timeout_set, locked, found, savepoint) = tokio::join!(
+                client.batch_execute("BEGIN"),
+                client.query_one(&set_timeout, &timeout_params),
+                client.query_one(&lock, &lock_params),
+                client.query_opt(&lookup, &lookup_params),
+                client.batch_execute(SAVEPOINT),
+            );
+            begin?;
+            timeout_set?;
+            match locked {
+                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                    return Ok(Claim::InFlight);
+                }
+                locked => locked?,
+            };
+            savepoint?;
+            (true, found?)
+        }
+    };
+    debug_assert!(locked);
+    let Some(row) = found else {
+        return Ok(Claim::Run {
+            replaces_expired: false,
+        });
+    };
+    let live: bool = row.try_get(4)?;
+    if !live {
+        return Ok(Claim::Run {
+            replaces_expired: true,
+        });
+    }
+    Ok(Claim::Completed(stored_response(&row)?))
+}
+
+/// Looks a record up outside any transaction (after the unique-key backstop fired).
+pub(crate) async fn lookup(
+    client: &ClientWrapper,
+    id: RecordId,
+) -> Result<Option<StoredResponse>, tokio_postgres::Error> {
+    let lookup = client.prepare_cached(LOOKUP).await?;
+    match client.query_opt(&lookup, &[&id]).await? {
+        Some(row) if row.try_get::<_, bool>(4)? => Ok(Some(stored_response(&row)?)),
+        _ => Ok(None),
+    }
+}
+
+fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_postgres::Error> {
+    let status: i16 = row.try_get(0)?;
+    let headers: &[u8] = row.try_get(1)?;
+    let body: Vec<u8> = row.try_get(2)?;
+    let fingerprint: &[u8] = row.try_get(3)?;
+    Ok(StoredResponse {
+        // A status outside 100..=999 can only come from a hand-edited row.
+        status: u16::try_from(status)
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        headers: decode_headers(headers),
+        body: Bytes::from(body),
+        fingerprint: Fingerprint(fingerprint.try_into().unwrap_or([0; 32])),
+    })
+}
+
+/// The record written with the handler's work.
+#[derive(Debug)]
+pub(crate) struct NewRecord<'a> {
+    pub(crate) id: RecordId,
+    pub(crate) scope: &'a str,
+    pub(crate) raw_key: Option<&'a str>,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) status: StatusCode,
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: &'a [u8],
+    pub(crate) ttl: std::time::Duration,
+}
+
+/// Why the final insert-and-commit did not commit.
+#[derive(Debug)]
+pub(crate) enum CommitError {
+    /// The primary key already holds a live record: a concurrent request won. The
+    /// transaction has been rolled back.
+    Conflict,
+    /// The insert or the COMMIT failed; nothing was stored.
+    Failed(tokio_postgres::Error),
+}
+
+/// Inserts the record and commits — one round trip: (rollback to savepoint), (delete the
+/// expired record), insert and COMMIT are pipelined. If any of them fails, PostgreSQL turns
+/// the COMMIT into a ROLLBACK, so the handler's writes never commit without their record.
+pub(crate) async fn insert_and_commit(
+    client: &ClientWrapper,
+    record: &NewRecord<'_>,
+    discard_handler_writes: bool,
+    replaces_expired: bool,
+) -> Result<(), CommitError> {
+    let insert = client
+        .prepare_cached(INSERT)
+        .await
+        .map_err(CommitError::Failed)?;
+    let delete = if replaces_expired {
+        Some(
+            client
+                .prepare_cached(DELETE_EXPIRED)
+                .await
+                .map_err(CommitError::Failed)?,
+        )
+    } else {
+        None
+    };
+    let status = record.status.as_u16() as i16;
+    let ttl = record.ttl.as_secs_f64();
+    let fingerprint = &record.fingerprint.0[..];
+    let insert_params: [&(dyn ToSql + Sync); 8] = [
+        &record.id,
+        &record.scope,
+        &record.raw_key,
+        &fingerprint,
+        &status,
+        &record.headers,
+        &record.body,
+        &ttl,
+    ];
+    let (rolled_back, deleted, inserted, committed) = tokio::join!(
+        async {
+            match discard_handler_writes {
+                true => client.batch_execute(ROLLBACK_TO_SAVEPOINT).await,
+                false => Ok(()),
+            }
+        },
+        async {
+            match &delete {
+                Some(delete) => client.execute(delete, &[&record.id]).await.map(drop),
+                None => Ok(()),
+            }
+        },
+        client.execute(&insert, &insert_params),
+        client.batch_execute("COMMIT"),
+    );
+    rolled_back.map_err(CommitError::Failed)?;
+    deleted.map_err(CommitError::Failed)?;
+    match inserted {
+        Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+            return Err(CommitError::Conflict);
+        }
+        inserted => inserted.map_err(CommitError::Failed)?,
+    };
+    committed.map_err(CommitError::Failed)
+}
+
+/// Encodes kept headers as length-prefixed (name, value) pairs.
+pub(crate) fn encode_headers<'a>(
+    headers: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        let (name, value) = (name.as_str().as_bytes(), value.as_bytes());
+        // Header lines this long never reach a handler; skip rather than truncate.
+        let (Ok(name_len), Ok(value_len)) = (u16::try_from(name.len()), u32::try_from(value.len()))
+        else {
+            continue;
+        };
+        out.extend_from_slice(&name_len.to_be_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&value_len.to_be_bytes());
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+/// Decodes [`encode_headers`]' format; a damaged entry ends the list.
+pub(crate) fn decode_headers(mut bytes: &[u8]) -> HeaderMap {
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        if bytes.len() < n {
+            return None;
+        }
+        let (head, tail) = bytes.split_at(n);
+        *bytes = tail;
+        Some(head)
+    }
+    let mut headers = HeaderMap::new();
+    while !bytes.is_empty() {
+        let entry = (|| {
+            let name_len = u16::from_be_bytes(take(&mut bytes, 2)?.try_into().ok()?);
+            let name = HeaderName::from_bytes(take(&mut bytes, name_len.into())?).ok()?;
+            let value_len = u32::from_be_bytes(take(&mut bytes, 4)?.try_into().ok()?);
+            let value = HeaderValue::from_bytes(take(&mut bytes, value_len as usize)?).ok()?;
+            Some((name, value))
+        })();
+        match entry {
+            Some((name, value)) => {
+                headers.append(name, value);
+            }
+            None => break,
+        }
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.append("link", HeaderValue::from_static("</a>; rel=a"));
+        headers.append("link", HeaderValue::from_static("</b>; rel=b"));
+        headers.insert("x-opaque", HeaderValue::from_bytes(b"\xe9t\xe9").unwrap());
+        let decoded = decode_headers(&encode_headers(headers.iter()));
+        assert_eq!(decoded, headers);
+    }
+
+    #[test]
+    fn damaged_headers_decode_without_panicking() {
+        let encoded = encode_headers(
+            [(
+                HeaderName::from_static("location"),
+                HeaderValue::from_static("/orders/1"),
+            )]
+            .iter()
+            .map(|(n, v)| (n, v)),
+        );
+        for cut in 0..encoded.len() {
+            let _ = decode_headers(&encoded[..cut]);
+        }
+        assert_eq!(decode_headers(&[0xff; 7]).len(), 0);
+    }
+}

@@ -1,0 +1,280 @@
+//! The pooled connection that carries the shared transaction, and [`IdempotentTx`], the
+//! handle a handler runs its queries through.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{ClientWrapper, Object};
+use tokio::sync::RwLock;
+use tokio_postgres::types::{BorrowToSql, ToSql};
+use tokio_postgres::{RowStream, Statement, ToStatement};
+
+use crate::Error;
+use crate::request::RequestState;
+
+/// How long a background ROLLBACK may take before the connection is closed instead.
+const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pooled connection that may be inside a transaction.
+///
+/// It never goes back to the pool inside a transaction: dropped while one is open, it
+/// rolls back in a background task, and if that is impossible (no runtime, or the ROLLBACK
+/// fails) the connection is detached from the pool and closed, so the server rolls back.
+pub(crate) struct TxConn {
+    object: Option<Object>,
+    in_transaction: bool,
+}
+
+impl TxConn {
+    /// Wraps a connection that is about to begin a transaction.
+    pub(crate) fn new(object: Object) -> Self {
+        Self {
+            object: Some(object),
+            in_transaction: true,
+        }
+    }
+
+    pub(crate) fn client(&self) -> &ClientWrapper {
+        // `object` is only taken in `Drop`.
+        self.object
+            .as_ref()
+            .expect("TxConn used after drop")
+    }
+
+    /// Marks the transaction as ended (committed or rolled back by the server); the
+    /// connection may go back to the pool.
+    pub(crate) fn mark_ended(&mut self) {
+        self.in_transaction = false;
+    }
+
+    /// Rolls back and returns the connection to the pool, waiting for the ROLLBACK.
+    pub(crate) async fn rollback(mut self) {
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        rollback_or_detach(DetachOnDrop(Some(object))).await;
+    }
+}
+
+impl Drop for TxConn {
+    fn drop(&mut self) {
+        if !self.in_transaction {
+            return;
+        }
+        let Some(object) = self.object.take() else {
+            return;
+        };
+        let guard = DetachOnDrop(Some(object));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(rollback_or_detach(guard));
+            }
+            Err(_) => drop(guard),
+        }
+    }
+}
+
+impl fmt::Debug for TxConn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxConn")
+            .field("in_transaction", &self.in_transaction)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Owns a connection of unknown state: dropped, it closes the connection rather than
+/// return it to the pool.
+struct DetachOnDrop(Option<Object>);
+
+impl Drop for DetachOnDrop {
+    fn drop(&mut self) {
+        if let Some(object) = self.0.take() {
+            tracing::debug!("closing a connection whose transaction state is unknown");
+            drop(Object::take(object));
+        }
+    }
+}
+
+async fn rollback_or_detach(mut guard: DetachOnDrop) {
+    let Some(object) = guard.0.as_ref() else {
+        return;
+    };
+    let rolled_back = tokio::time::timeout(ROLLBACK_TIMEOUT, object.batch_execute("ROLLBACK")).await;
+    if let Ok(Ok(())) = rolled_back {
+        // Clean: back to the pool.
+        drop(guard.0.take());
+    }
+}
+
+/// The request's share of the idempotent transaction: the extractor that enables
+/// idempotency for a route.
+///
+/// Taking `IdempotentTx` as a handler argument makes the route idempotent: before the
+/// handler runs, the extractor checks out a connection, begins a transaction, takes the
+/// key's lock and looks for a stored response. A repeat is answered from the store (the
+/// handler does not run); otherwise the handler gets this handle, and every statement it
+/// runs through it belongs to the transaction that also stores the idempotency record.
+/// [`IdempotencyLayer`](crate::IdempotencyLayer) commits both once the handler returns.
+///
+/// The handle can run statements but cannot commit, roll back or open another
+/// transaction: the layer decides the outcome from the handler's response.
+///
+/// It must not outlive the handler: a handle still alive when the handler returns (moved
+/// into a spawned task, say) makes the layer roll everything back and answer 500.
+///
+/// ```no_run
+/// use axum::{Json, http::StatusCode, response::IntoResponse};
+/// use axum_idempotency::IdempotentTx;
+///
+/// #[derive(serde::Deserialize)]
+/// struct NewOrder { user_id: i64, amount: i64 }
+///
+/// async fn create_order(
+///     tx: IdempotentTx,
+///     Json(order): Json<NewOrder>,
+/// ) -> Result<impl IntoResponse, StatusCode> {
+///     let row = tx
+///         .query_one(
+///             "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id",
+///             &[&order.user_id, &order.amount],
+///         )
+///         .await
+///         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+///     let id: i64 = row.get(0);
+///     Ok((StatusCode::CREATED, Json(serde_json::json!({ "id": id }))))
+/// }
+/// ```
+pub struct IdempotentTx {
+    pub(crate) state: Arc<RequestState>,
+}
+
+/// The transaction slot shared by the layer and the handler's handles.
+pub(crate) type Slot = RwLock<Option<crate::request::ActiveTx>>;
+
+/// Counts live handles, so the layer can tell a handle that outlived its handler.
+#[derive(Debug, Default)]
+pub(crate) struct HandleCount(AtomicUsize);
+
+impl HandleCount {
+    pub(crate) fn acquire(&self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn release(&self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn live(&self) -> usize {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+impl IdempotentTx {
+    pub(crate) fn new(state: Arc<RequestState>) -> Self {
+        state.handles.acquire();
+        Self { state }
+    }
+
+    async fn with_client<T, F>(&self, f: F) -> Result<T, Error>
+    where
+        F: AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
+    {
+        let slot = self.state.slot.read().await;
+        match slot.as_ref() {
+            Some(active) => f(active.conn.client()).await.map_err(Error::Postgres),
+            None => Err(Error::TransactionEnded),
+        }
+    }
+
+    /// Runs a statement and returns the rows. See [`tokio_postgres::Client::query`].
+    pub async fn query<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.with_client(async |c| c.query(statement, params).await)
+            .await
+    }
+
+    /// Runs a statement that returns exactly one row. See
+    /// [`tokio_postgres::Client::query_one`].
+    pub async fn query_one<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.with_client(async |c| c.query_one(statement, params).await)
+            .await
+    }
+
+    /// Runs a statement that returns at most one row. See
+    /// [`tokio_postgres::Client::query_opt`].
+    pub async fn query_opt<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>, Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.with_client(async |c| c.query_opt(statement, params).await)
+            .await
+    }
+
+    /// Runs a statement and returns the number of rows it affected. See
+    /// [`tokio_postgres::Client::execute`].
+    pub async fn execute<T>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error>
+    where
+        T: ?Sized + ToStatement,
+    {
+        self.with_client(async |c| c.execute(statement, params).await)
+            .await
+    }
+
+    /// Runs a statement and streams its rows. The stream borrows nothing from the handle,
+    /// but it must be consumed before the handler returns. See
+    /// [`tokio_postgres::Client::query_raw`].
+    pub async fn query_raw<T, P, I>(&self, statement: &T, params: I) -> Result<RowStream, Error>
+    where
+        T: ?Sized + ToStatement,
+        P: BorrowToSql,
+        I: IntoIterator<Item = P>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.with_client(async |c| c.query_raw(statement, params).await)
+            .await
+    }
+
+    /// Prepares a statement once per pooled connection and returns the cached copy after
+    /// that. See [`deadpool_postgres::ClientWrapper::prepare_cached`].
+    pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {
+        self.with_client(async |c| c.prepare_cached(query).await)
+            .await
+    }
+}
+
+impl Drop for IdempotentTx {
+    fn drop(&mut self) {
+        self.state.handles.release();
+    }
+}
+
+impl fmt::Debug for IdempotentTx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotentTx")
+            .field("record", &self.state.id)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,366 @@
+//! Shared test fixtures: a private schema per test in the database named by `DATABASE_URL`,
+//! and a small order service with knobs for every behaviour under test.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_idempotency::{IdempotencyLayer, IdempotentTx};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio_postgres::NoTls;
+use tower::ServiceExt;
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// A schema of its own for one test, dropped when the test ends.
+pub struct TestDb {
+    pub schema: String,
+    pub pool: Pool,
+    /// A connection outside the pool, for checks.
+    pub admin: tokio_postgres::Client,
+}
+
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "{prefix}_{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        nanos
+    )
+}
+
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, NoTls)
+        .await
+        .expect("connect to DATABASE_URL: is PostgreSQL running?");
+    tokio::spawn(connection);
+    client
+}
+
+pub fn pool_for(schema: &str, max_size: usize) -> Pool {
+    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+    config.options(format!("-c search_path={schema}"));
+    config.application_name(schema);
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager).max_size(max_size).build().unwrap()
+}
+
+impl TestDb {
+    pub async fn new(pool_size: usize) -> Self {
+        let schema = unique_name("axi");
+        let admin = connect(&database_url()).await;
+        admin
+            .batch_execute(&format!("CREATE SCHEMA {schema}"))
+            .await
+            .unwrap();
+        let pool = pool_for(&schema, pool_size);
+        axum_idempotency::migrate(&pool).await.unwrap();
+        let client = pool.get().await.unwrap();
+        client
+            .batch_execute(
+                "CREATE TABLE orders (
+                     id      bigserial PRIMARY KEY,
+                     user_id bigint NOT NULL,
+                     amount  bigint NOT NULL
+                 );
+                 CREATE TABLE parents (id bigint PRIMARY KEY);
+                 CREATE TABLE children (
+                     parent_id bigint REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED
+                 );",
+            )
+            .await
+            .unwrap();
+        drop(client);
+        Self {
+            schema,
+            pool,
+            admin,
+        }
+    }
+
+    /// Runs a scalar query (qualified with this test's schema by search_path).
+    pub async fn scalar(&self, sql: &str) -> i64 {
+        self.admin
+            .batch_execute(&format!("SET search_path = {}", self.schema))
+            .await
+            .unwrap();
+        self.admin.query_one(sql, &[]).await.unwrap().get(0)
+    }
+
+    pub async fn orders(&self) -> i64 {
+        self.scalar("SELECT count(*) FROM orders").await
+    }
+
+    pub async fn records(&self) -> i64 {
+        self.scalar("SELECT count(*) FROM idempotency_records").await
+    }
+
+    /// Backends of this test's pool that sit inside a transaction without working.
+    pub async fn idle_in_transaction(&self) -> i64 {
+        self.admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+                &[&self.schema],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Advisory locks held by this test's pool.
+    pub async fn advisory_locks(&self) -> i64 {
+        self.admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'advisory' AND a.application_name = $1",
+                &[&self.schema],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Waits until no backend of this pool is in a transaction and no advisory lock is
+    /// held; panics after 10 s.
+    pub async fn assert_settles(&self) {
+        for _ in 0..200 {
+            if self.idle_in_transaction().await == 0 && self.advisory_locks().await == 0 {
+                let busy: i64 = self
+                    .admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity \
+                         WHERE application_name = $1 AND state <> 'idle'",
+                        &[&self.schema],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if busy == 0 {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!(
+            "connections did not settle: {} idle in transaction, {} advisory locks",
+            self.idle_in_transaction().await,
+            self.advisory_locks().await
+        );
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let schema = self.schema.clone();
+        // Dropping runs inside the test's runtime; use a thread with its own.
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let admin = connect(&database_url()).await;
+                let _ = admin
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                    .await;
+            });
+        })
+        .join();
+    }
+}
+
+/// Knobs the test handler obeys, shared with the test.
+pub struct Knobs {
+    /// Handler invocations.
+    pub calls: AtomicUsize,
+    /// When set, the handler waits for a permit after inserting its row.
+    pub gate: Option<Arc<Semaphore>>,
+    /// Set by the handler once its row is inserted.
+    pub inserted: Semaphore,
+    /// The next call breaks its own COMMIT (a deferred foreign key fails).
+    pub fail_commit_once: AtomicBool,
+    /// Result of a query made by a leaked handle after the handler returned.
+    pub leaked_result: tokio::sync::Mutex<Option<String>>,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Self {
+            calls: AtomicUsize::new(0),
+            gate: None,
+            inserted: Semaphore::new(0),
+            fail_commit_once: AtomicBool::new(false),
+            leaked_result: tokio::sync::Mutex::new(None),
+        }
+    }
+}
+
+impl Knobs {
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// `POST /orders` with a JSON body `{"amount": n, "status"?: code, "panic"?: true,
+/// "leak"?: true, "hang"?: true, "stall_body"?: true}`.
+async fn create_order(
+    State(knobs): State<Arc<Knobs>>,
+    tx: IdempotentTx,
+    Json(body): Json<Value>,
+) -> Response<Body> {
+    knobs.calls.fetch_add(1, Ordering::SeqCst);
+    let user: i64 = body["user_id"].as_i64().unwrap_or(1);
+    let amount: i64 = body["amount"].as_i64().unwrap_or(1);
+    let row = tx
+        .query_one(
+            "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id",
+            &[&user, &amount],
+        )
+        .await
+        .expect("insert order");
+    let id: i64 = row.get(0);
+    if knobs.fail_commit_once.swap(false, Ordering::SeqCst) {
+        tx.execute("INSERT INTO children (parent_id) VALUES (-1)", &[])
+            .await
+            .unwrap();
+    }
+    knobs.inserted.add_permits(1);
+    if let Some(gate) = &knobs.gate {
+        gate.acquire().await.unwrap().forget();
+    }
+    if body["hang"].as_bool() == Some(true) {
+        std::future::pending::<()>().await;
+    }
+    if body["panic"].as_bool() == Some(true) {
+        panic!("handler panics on purpose");
+    }
+    if body["leak"].as_bool() == Some(true) {
+        let knobs = Arc::clone(&knobs);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let result = tx.execute("SELECT 1", &[]).await;
+            *knobs.leaked_result.lock().await = Some(match result {
+                Ok(_) => "ok".to_owned(),
+                Err(e) => e.to_string(),
+            });
+        });
+    }
+    let status = body["status"]
+        .as_u64()
+        .and_then(|s| StatusCode::from_u16(s as u16).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let payload = json!({ "id": id, "user_id": user, "amount": amount });
+    if body["stall_body"].as_bool() == Some(true) {
+        let stream = futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(bytes::Bytes::from(payload.to_string()))
+        })
+        .chain(futures_util::stream::pending());
+        return (status, Body::from_stream(stream)).into_response();
+    }
+    (
+        status,
+        [
+            ("location", format!("/orders/{id}")),
+            ("set-cookie", "session=secret".to_owned()),
+            ("x-not-kept", "volatile".to_owned()),
+        ],
+        Json(payload),
+    )
+        .into_response()
+}
+
+async fn plain_post() -> &'static str {
+    "no idempotency here"
+}
+
+pub fn router(knobs: Arc<Knobs>, layer: IdempotencyLayer) -> Router {
+    Router::new()
+        .route("/orders", post(create_order).get(create_order))
+        .route("/plain", post(plain_post).get(plain_post))
+        .layer(layer)
+        .with_state(knobs)
+}
+
+pub fn scoped(layer: IdempotencyLayer) -> IdempotencyLayer {
+    layer.scope(|parts| {
+        parts
+            .headers
+            .get("x-user-id")?
+            .to_str()
+            .ok()
+            .map(str::to_owned)
+    })
+}
+
+use futures_util::StreamExt;
+
+/// A JSON POST with an optional key.
+pub fn post_json(uri: &str, key: Option<&str>, body: &Value) -> Request<Body> {
+    let mut builder = Request::post(uri).header("content-type", "application/json");
+    if let Some(key) = key {
+        builder = builder.header("idempotency-key", key);
+    }
+    builder.body(Body::from(body.to_string())).unwrap()
+}
+
+/// A response with its body read.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: axum::http::HeaderMap,
+    pub body: bytes::Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers.get("idempotent-replayed").map(|v| v.as_bytes()) == Some(b"true")
+    }
+
+    pub fn problem_code(&self) -> String {
+        assert_eq!(
+            self.headers["content-type"], "application/problem+json",
+            "not a problem document: {:?}",
+            self.body
+        );
+        self.json()["code"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+pub async fn send(app: &Router, request: Request<Body>) -> Answer {
+    let response = app.clone().oneshot(request).await.unwrap();
+    let (parts, body) = response.into_parts();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
