@@ -210,7 +210,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map(str::to_owned)
     });
     let listener = tokio::net::TcpListener::bind(bind).await?;
-    println!("orders example listening on http://{}", listener.local_addr()?);
+    println!(
+        "orders example listening on http://{}",
+        listener.local_addr()?
+    );
     axum::serve(listener, app(pool, idempotency.clone()))
         .with_graceful_shutdown(shutdown_signal())
         .await?;

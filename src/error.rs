@@ -17,6 +17,10 @@ pub enum Error {
     /// The transaction this handle belonged to has already been committed or rolled back —
     /// typically a handle moved into a task that outlived its handler.
     TransactionEnded,
+    /// The handler tried to end, restart or split the shared transaction (`COMMIT`,
+    /// `ROLLBACK`, `BEGIN`, or the layer's own savepoint). The layer alone decides how the
+    /// transaction ends.
+    TransactionControl,
     /// The database holds a schema version this build of the crate does not know.
     UnknownSchemaVersion {
         /// Highest version found in the database.
@@ -45,6 +49,10 @@ impl fmt::Display for Error {
             Self::TransactionEnded => f.write_str(
                 "the idempotent transaction has already ended; \
                  an IdempotentTx must not outlive its handler",
+            ),
+            Self::TransactionControl => f.write_str(
+                "transaction control statements are not allowed on an IdempotentTx; \
+                 the layer commits or rolls back from the handler's response",
             ),
             Self::UnknownSchemaVersion { found, known } => write!(
                 f,

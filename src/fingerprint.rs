@@ -112,7 +112,8 @@ fn is_json(parts: &Parts) -> bool {
         .unwrap_or_default()
         .trim()
         .to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
 }
 
 fn depth_exceeds(value: &Value, max: usize) -> bool {
@@ -141,10 +142,12 @@ fn remove_pointer(value: &mut Value, segments: &[String]) {
                 Some(child) => child,
                 None => return,
             },
-            Value::Array(items) => match segment.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
-                Some(child) => child,
-                None => return,
-            },
+            Value::Array(items) => {
+                match segment.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                    Some(child) => child,
+                    None => return,
+                }
+            }
             _ => return,
         };
     }
@@ -209,12 +212,18 @@ mod tests {
     }
 
     fn json(body: &str) -> Fingerprint {
-        Fingerprinter::default().compute(&parts("POST", "/orders", Some("application/json")), body.as_bytes())
+        Fingerprinter::default().compute(
+            &parts("POST", "/orders", Some("application/json")),
+            body.as_bytes(),
+        )
     }
 
     #[test]
     fn json_key_order_and_whitespace_do_not_matter() {
-        assert_eq!(json(r#"{"a":1,"b":[1,2]}"#), json("{ \"b\" : [1, 2],\n \"a\": 1 }"));
+        assert_eq!(
+            json(r#"{"a":1,"b":[1,2]}"#),
+            json("{ \"b\" : [1, 2],\n \"a\": 1 }")
+        );
         assert_ne!(json(r#"{"a":1}"#), json(r#"{"a":2}"#));
         assert_ne!(json(r#"[1,2]"#), json(r#"[2,1]"#));
     }
@@ -239,24 +248,37 @@ mod tests {
         assert_ne!(base, fp.compute(&parts("POST", "/a?x=2", None), b"body"));
         assert_ne!(base, fp.compute(&parts("POST", "/a?x=1", None), b"bodz"));
         let mut with_header = parts("POST", "/a?x=1", None);
-        with_header.headers.insert("x-tenant", "t1".parse().unwrap());
+        with_header
+            .headers
+            .insert("x-tenant", "t1".parse().unwrap());
         assert_ne!(base, fp.compute(&with_header, b"body"));
         // Headers not configured are ignored.
         let mut other_header = parts("POST", "/a?x=1", None);
-        other_header.headers.insert("x-trace", "t1".parse().unwrap());
+        other_header
+            .headers
+            .insert("x-trace", "t1".parse().unwrap());
         assert_eq!(base, fp.compute(&other_header, b"body"));
     }
 
     #[test]
     fn ignored_fields_are_removed() {
         let fp = Fingerprinter {
-            ignored: vec![parse_pointer("/sent_at").unwrap(), parse_pointer("/meta/trace~1id").unwrap()],
+            ignored: vec![
+                parse_pointer("/sent_at").unwrap(),
+                parse_pointer("/meta/trace~1id").unwrap(),
+            ],
             ..Fingerprinter::default()
         };
         let p = parts("POST", "/orders", Some("application/json"));
         assert_eq!(
-            fp.compute(&p, br#"{"amount":1,"sent_at":"10:00","meta":{"trace/id":"a","v":1}}"#),
-            fp.compute(&p, br#"{"amount":1,"sent_at":"10:01","meta":{"trace/id":"b","v":1}}"#)
+            fp.compute(
+                &p,
+                br#"{"amount":1,"sent_at":"10:00","meta":{"trace/id":"a","v":1}}"#
+            ),
+            fp.compute(
+                &p,
+                br#"{"amount":1,"sent_at":"10:01","meta":{"trace/id":"b","v":1}}"#
+            )
         );
         assert_ne!(
             fp.compute(&p, br#"{"amount":1,"meta":{"v":1}}"#),
@@ -274,15 +296,26 @@ mod tests {
         // Deeper than the bound: hashed as bytes, so whitespace matters again.
         let deep = format!("{}{}", "[".repeat(40), "]".repeat(40));
         let deep_spaced = format!("{} {}", "[".repeat(40), "]".repeat(40));
-        assert_ne!(fp.compute(&p, deep.as_bytes()), fp.compute(&p, deep_spaced.as_bytes()));
+        assert_ne!(
+            fp.compute(&p, deep.as_bytes()),
+            fp.compute(&p, deep_spaced.as_bytes())
+        );
         // Far past serde_json's own limit: no stack overflow, a stable answer.
         let very_deep = "[".repeat(100_000);
-        assert_eq!(fp.compute(&p, very_deep.as_bytes()), fp.compute(&p, very_deep.as_bytes()));
+        assert_eq!(
+            fp.compute(&p, very_deep.as_bytes()),
+            fp.compute(&p, very_deep.as_bytes())
+        );
     }
 
     #[test]
     fn json_is_recognised_by_media_type() {
-        for content_type in ["application/json", "application/json; charset=utf-8", "application/problem+json", "Application/JSON"] {
+        for content_type in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "application/problem+json",
+            "Application/JSON",
+        ] {
             let p = parts("POST", "/", Some(content_type));
             assert_eq!(
                 Fingerprinter::default().compute(&p, br#"{"a":1,"b":2}"#),

@@ -102,7 +102,11 @@ fn unquote(inner: &[u8]) -> Result<String, KeyError> {
             b'"' => return Err(KeyError::BrokenQuoting),
             // sf-string: printable ASCII including space.
             0x20..=0x7e => out.push(char::from(byte)),
-            _ => return Err(KeyError::InvalidCharacter { position: position + 1 }),
+            _ => {
+                return Err(KeyError::InvalidCharacter {
+                    position: position + 1,
+                });
+            }
         }
     }
     Ok(out)
@@ -229,7 +233,10 @@ mod tests {
             (b"abc", "abc"),
             (br#""a b""#, "a b"),
             (br#""say \"hi\" \\o/""#, r#"say "hi" \o/"#),
-            (b"8e03978e-40d5-43e8-bc93-6894a57f9324", "8e03978e-40d5-43e8-bc93-6894a57f9324"),
+            (
+                b"8e03978e-40d5-43e8-bc93-6894a57f9324",
+                "8e03978e-40d5-43e8-bc93-6894a57f9324",
+            ),
         ] {
             assert_eq!(IdempotencyKey::parse(raw).unwrap().as_str(), key, "{raw:?}");
         }

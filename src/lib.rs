@@ -18,4 +18,4 @@ pub use crate::middleware::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::rejection::{Rejection, RejectionKind};
 pub use crate::request::REPLAYED_HEADER;
 pub use crate::store::migrate;
-pub use crate::transaction::IdempotentTx;
+pub use crate::transaction::{IdempotentTx, TxStatement};

@@ -35,6 +35,9 @@ pub enum RejectionKind {
     /// The handler's response is larger than the limit for stored responses; the work was
     /// rolled back (500).
     ResponseTooLarge,
+    /// The handler's response body failed while being buffered; the work was rolled back
+    /// (500).
+    ResponseBodyFailed,
     /// The handler kept a copy of its `IdempotentTx` after returning; the work was rolled
     /// back (500).
     TransactionLeaked,
@@ -62,6 +65,7 @@ impl RejectionKind {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Self::ResponseTooLarge
+            | Self::ResponseBodyFailed
             | Self::TransactionLeaked
             | Self::HandlerPanicked
             | Self::LayerMissing
@@ -82,6 +86,7 @@ impl RejectionKind {
             Self::StoreUnavailable => "store_unavailable",
             Self::CommitFailed => "commit_failed",
             Self::ResponseTooLarge => "response_too_large",
+            Self::ResponseBodyFailed => "response_body_failed",
             Self::TransactionLeaked => "transaction_leaked",
             Self::HandlerPanicked => "handler_panicked",
             Self::HandlerTimedOut => "handler_timed_out",
@@ -268,7 +273,10 @@ mod tests {
             "application/problem+json"
         );
         assert_eq!(
-            response.extensions().get::<Rejection>().map(Rejection::kind),
+            response
+                .extensions()
+                .get::<Rejection>()
+                .map(Rejection::kind),
             Some(RejectionKind::InFlight)
         );
         let body = response.into_body().collect().await.unwrap().to_bytes();

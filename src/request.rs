@@ -8,8 +8,8 @@ use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::Response;
 use bytes::Bytes;
-use http::request::Parts;
 use http::HeaderValue;
+use http::request::Parts;
 use http_body_util::{BodyExt, Limited};
 use tracing::Instrument;
 
@@ -120,7 +120,12 @@ impl RequestState {
                 tracing::debug!(record = %self.id, "in flight");
                 Err(self.reject(self.in_flight()))
             }
-            Claim::Completed(stored) => Err(self.answer_repeat(stored)),
+            Claim::Completed(stored) => {
+                // Release the key's lock before answering, so the client's next retry
+                // cannot find it still held.
+                conn.rollback().await;
+                Err(self.answer_repeat(stored))
+            }
         }
     }
 
@@ -205,7 +210,10 @@ impl RequestState {
             return response.map(Body::new);
         }
         let (parts, body) = response.into_parts();
-        let body = match Limited::new(body, self.config.response_limit).collect().await {
+        let body = match Limited::new(body, self.config.response_limit)
+            .collect()
+            .await
+        {
             Ok(collected) => collected.to_bytes(),
             Err(e) => {
                 active.conn.rollback().await;
@@ -216,7 +224,7 @@ impl RequestState {
                     )
                 } else {
                     Rejection::new(
-                        RejectionKind::ResponseTooLarge,
+                        RejectionKind::ResponseBodyFailed,
                         "the response body failed while being buffered; the work was rolled back",
                     )
                 };

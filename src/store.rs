@@ -74,7 +74,11 @@ pub async fn migrate(pool: &Pool) -> Result<(), Error> {
             &[&migration.version, &migration.name],
         )
         .await?;
-        tracing::info!(version = migration.version, name = migration.name, "applied migration");
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applied migration"
+        );
     }
     tx.commit().await?;
     Ok(())
@@ -83,11 +87,16 @@ pub async fn migrate(pool: &Pool) -> Result<(), Error> {
 const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
 const WAIT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)::text";
 const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+/// The wait's lock timeout must not apply to the handler's own statements.
+const RESET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout TO DEFAULT";
 const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at > now() \
                       FROM idempotency_records WHERE id = $1";
+/// The savepoint that lets a stored 4xx discard the handler's writes but keep the lock.
+pub(crate) const SAVEPOINT_NAME: &str = "axum_idempotency";
 const SAVEPOINT: &str = "SAVEPOINT axum_idempotency";
 const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT axum_idempotency";
-const DELETE_EXPIRED: &str = "DELETE FROM idempotency_records WHERE id = $1 AND expires_at <= now()";
+const DELETE_EXPIRED: &str =
+    "DELETE FROM idempotency_records WHERE id = $1 AND expires_at <= now()";
 const INSERT: &str = "INSERT INTO idempotency_records \
                       (id, scope, idempotency_key, fingerprint, status, headers, body, expires_at) \
                       VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))";
@@ -149,10 +158,11 @@ pub(crate) async fn claim(
             let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
             let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
             let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
-            let (begin, timeout_set, locked, found, savepoint) = tokio::join!(
+            let (begin, timeout_set, locked, reset, found, savepoint) = tokio::join!(
                 client.batch_execute("BEGIN"),
                 client.query_one(&set_timeout, &timeout_params),
                 client.query_one(&lock, &lock_params),
+                client.batch_execute(RESET_LOCK_TIMEOUT),
                 client.query_opt(&lookup, &lookup_params),
                 client.batch_execute(SAVEPOINT),
             );
@@ -164,6 +174,7 @@ pub(crate) async fn claim(
                 }
                 locked => locked?,
             };
+            reset?;
             savepoint?;
             (true, found?)
         }

@@ -11,6 +11,8 @@ use tokio::sync::RwLock;
 use tokio_postgres::types::{BorrowToSql, ToSql};
 use tokio_postgres::{RowStream, Statement, ToStatement};
 
+use crate::store::SAVEPOINT_NAME;
+
 use crate::Error;
 use crate::request::RequestState;
 
@@ -38,9 +40,7 @@ impl TxConn {
 
     pub(crate) fn client(&self) -> &ClientWrapper {
         // `object` is only taken in `Drop`.
-        self.object
-            .as_ref()
-            .expect("TxConn used after drop")
+        self.object.as_ref().expect("TxConn used after drop")
     }
 
     /// Marks the transaction as ended (committed or rolled back by the server); the
@@ -101,7 +101,8 @@ async fn rollback_or_detach(mut guard: DetachOnDrop) {
     let Some(object) = guard.0.as_ref() else {
         return;
     };
-    let rolled_back = tokio::time::timeout(ROLLBACK_TIMEOUT, object.batch_execute("ROLLBACK")).await;
+    let rolled_back =
+        tokio::time::timeout(ROLLBACK_TIMEOUT, object.batch_execute("ROLLBACK")).await;
     if let Ok(Ok(())) = rolled_back {
         // Clean: back to the pool.
         drop(guard.0.take());
@@ -177,10 +178,13 @@ impl IdempotentTx {
         Self { state }
     }
 
-    async fn with_client<T, F>(&self, f: F) -> Result<T, Error>
+    async fn with_client<T, F>(&self, sql: Option<&str>, f: F) -> Result<T, Error>
     where
         F: AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
     {
+        if sql.is_some_and(is_transaction_control) {
+            return Err(Error::TransactionControl);
+        }
         let slot = self.state.slot.read().await;
         match slot.as_ref() {
             Some(active) => f(active.conn.client()).await.map_err(Error::Postgres),
@@ -195,9 +199,9 @@ impl IdempotentTx {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<tokio_postgres::Row>, Error>
     where
-        T: ?Sized + ToStatement,
+        T: ?Sized + TxStatement,
     {
-        self.with_client(async |c| c.query(statement, params).await)
+        self.with_client(statement.sql(), async |c| c.query(statement, params).await)
             .await
     }
 
@@ -209,10 +213,12 @@ impl IdempotentTx {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<tokio_postgres::Row, Error>
     where
-        T: ?Sized + ToStatement,
+        T: ?Sized + TxStatement,
     {
-        self.with_client(async |c| c.query_one(statement, params).await)
-            .await
+        self.with_client(statement.sql(), async |c| {
+            c.query_one(statement, params).await
+        })
+        .await
     }
 
     /// Runs a statement that returns at most one row. See
@@ -223,10 +229,12 @@ impl IdempotentTx {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Option<tokio_postgres::Row>, Error>
     where
-        T: ?Sized + ToStatement,
+        T: ?Sized + TxStatement,
     {
-        self.with_client(async |c| c.query_opt(statement, params).await)
-            .await
+        self.with_client(statement.sql(), async |c| {
+            c.query_opt(statement, params).await
+        })
+        .await
     }
 
     /// Runs a statement and returns the number of rows it affected. See
@@ -237,10 +245,12 @@ impl IdempotentTx {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, Error>
     where
-        T: ?Sized + ToStatement,
+        T: ?Sized + TxStatement,
     {
-        self.with_client(async |c| c.execute(statement, params).await)
-            .await
+        self.with_client(statement.sql(), async |c| {
+            c.execute(statement, params).await
+        })
+        .await
     }
 
     /// Runs a statement and streams its rows. The stream borrows nothing from the handle,
@@ -248,19 +258,21 @@ impl IdempotentTx {
     /// [`tokio_postgres::Client::query_raw`].
     pub async fn query_raw<T, P, I>(&self, statement: &T, params: I) -> Result<RowStream, Error>
     where
-        T: ?Sized + ToStatement,
+        T: ?Sized + TxStatement,
         P: BorrowToSql,
         I: IntoIterator<Item = P>,
         I::IntoIter: ExactSizeIterator,
     {
-        self.with_client(async |c| c.query_raw(statement, params).await)
-            .await
+        self.with_client(statement.sql(), async |c| {
+            c.query_raw(statement, params).await
+        })
+        .await
     }
 
     /// Prepares a statement once per pooled connection and returns the cached copy after
     /// that. See [`deadpool_postgres::ClientWrapper::prepare_cached`].
     pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {
-        self.with_client(async |c| c.prepare_cached(query).await)
+        self.with_client(Some(query), async |c| c.prepare_cached(query).await)
             .await
     }
 }
@@ -276,5 +288,139 @@ impl fmt::Debug for IdempotentTx {
         f.debug_struct("IdempotentTx")
             .field("record", &self.state.id)
             .finish_non_exhaustive()
+    }
+}
+
+mod sealed {
+    #[allow(unreachable_pub)]
+    pub trait Sealed {}
+    impl Sealed for str {}
+    impl Sealed for String {}
+    impl Sealed for tokio_postgres::Statement {}
+}
+
+/// A statement [`IdempotentTx`] runs: SQL text (`&str`, `String`) or a [`Statement`]
+/// prepared through [`IdempotentTx::prepare_cached`].
+pub trait TxStatement: sealed::Sealed + ToStatement {
+    /// The SQL text, when the statement is not prepared yet.
+    #[doc(hidden)]
+    fn sql(&self) -> Option<&str>;
+}
+
+impl TxStatement for str {
+    fn sql(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+impl TxStatement for String {
+    fn sql(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+impl TxStatement for Statement {
+    fn sql(&self) -> Option<&str> {
+        // Only `prepare_cached`, which checks the text, makes statements for this connection.
+        None
+    }
+}
+
+/// Whether a statement would end the shared transaction, start another one, or undo the
+/// savepoint the layer relies on. (Prepared statements hold exactly one command, so the
+/// first word decides.)
+fn is_transaction_control(sql: &str) -> bool {
+    let mut words = sql_words(sql);
+    let first = words.next().unwrap_or_default();
+    match first.as_str() {
+        "BEGIN" | "START" | "COMMIT" | "END" | "ABORT" => true,
+        "PREPARE" => words.next().as_deref() == Some("TRANSACTION"),
+        "ROLLBACK" | "RELEASE" => {
+            let mut next = words.next().unwrap_or_default();
+            if first == "ROLLBACK" {
+                if next != "TO" {
+                    return true; // ROLLBACK, ROLLBACK WORK, ROLLBACK PREPARED
+                }
+                next = words.next().unwrap_or_default();
+            }
+            if next == "SAVEPOINT" {
+                next = words.next().unwrap_or_default();
+            }
+            next.eq_ignore_ascii_case(SAVEPOINT_NAME)
+        }
+        "SAVEPOINT" => words
+            .next()
+            .is_some_and(|name| name.eq_ignore_ascii_case(SAVEPOINT_NAME)),
+        _ => false,
+    }
+}
+
+/// Upper-cased words of a statement, skipping whitespace, comments and identifier quotes.
+fn sql_words(sql: &str) -> impl Iterator<Item = String> + '_ {
+    let mut rest = sql;
+    std::iter::from_fn(move || {
+        loop {
+            rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ';' || c == '(');
+            if let Some(comment) = rest.strip_prefix("--") {
+                rest = comment.split_once('\n').map_or("", |(_, after)| after);
+            } else if let Some(comment) = rest.strip_prefix("/*") {
+                rest = comment.split_once("*/").map_or("", |(_, after)| after);
+            } else {
+                break;
+            }
+        }
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '"'))
+            .unwrap_or(rest.len());
+        if end == 0 {
+            return None;
+        }
+        let (word, after) = rest.split_at(end);
+        rest = after;
+        Some(word.replace('"', "").to_ascii_uppercase())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_transaction_control;
+
+    #[test]
+    fn transaction_control_is_refused() {
+        for sql in [
+            "COMMIT",
+            "commit;",
+            "  /* sneaky */ -- really\n COMMIT WORK",
+            "END",
+            "ROLLBACK",
+            "rollback prepared 'x'",
+            "BEGIN",
+            "START TRANSACTION",
+            "ABORT",
+            "PREPARE TRANSACTION 'x'",
+            "RELEASE SAVEPOINT axum_idempotency",
+            "release axum_idempotency",
+            "ROLLBACK TO SAVEPOINT \"axum_idempotency\"",
+            "SAVEPOINT axum_idempotency",
+        ] {
+            assert!(is_transaction_control(sql), "{sql}");
+        }
+    }
+
+    #[test]
+    fn ordinary_statements_and_own_savepoints_pass() {
+        for sql in [
+            "INSERT INTO orders VALUES (1)",
+            "SELECT 'COMMIT'",
+            "SAVEPOINT mine",
+            "ROLLBACK TO SAVEPOINT mine",
+            "ROLLBACK TO mine",
+            "RELEASE SAVEPOINT mine",
+            "PREPARE q AS SELECT 1",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "",
+        ] {
+            assert!(!is_transaction_control(sql), "{sql}");
+        }
     }
 }

@@ -25,7 +25,11 @@ fn app(db: &TestDb) -> (Router, Arc<Knobs>) {
 async fn first_request_commits_record_with_business_rows() {
     let db = TestDb::new(4).await;
     let (app, knobs) = app(&db);
-    let answer = send(&app, post_json("/orders", Some("first-1"), &json!({"amount": 299}))).await;
+    let answer = send(
+        &app,
+        post_json("/orders", Some("first-1"), &json!({"amount": 299})),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::CREATED);
     assert!(!answer.replayed());
     // The answer left after COMMIT: both rows are already visible to another connection.
@@ -49,7 +53,10 @@ async fn first_request_commits_record_with_business_rows() {
     assert_eq!(row.get::<_, Vec<u8>>(1), answer.body.to_vec());
     assert_eq!(row.get::<_, i32>(2), 32);
     assert_eq!(row.get::<_, String>(3), "");
-    assert!(row.get::<_, bool>(4), "the raw key is not stored by default");
+    assert!(
+        row.get::<_, bool>(4),
+        "the raw key is not stored by default"
+    );
     assert_eq!(row.get::<_, i64>(5), 24 * 3600);
     db.assert_settles().await;
 }
@@ -58,7 +65,15 @@ async fn first_request_commits_record_with_business_rows() {
 async fn retry_replays_the_stored_response_byte_for_byte() {
     let db = TestDb::new(4).await;
     let (app, knobs) = app(&db);
-    let first = send(&app, post_json("/orders", Some("replay-1"), &json!({"amount": 299, "user_id": 7}))).await;
+    let first = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("replay-1"),
+            &json!({"amount": 299, "user_id": 7}),
+        ),
+    )
+    .await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(first.headers["set-cookie"], "session=secret");
 
@@ -74,8 +89,14 @@ async fn retry_replays_the_stored_response_byte_for_byte() {
     assert_eq!(retry.headers["content-type"], first.headers["content-type"]);
     assert_eq!(retry.headers["location"], first.headers["location"]);
     assert!(retry.replayed());
-    assert!(retry.headers.get("set-cookie").is_none(), "Set-Cookie is never stored");
-    assert!(retry.headers.get("x-not-kept").is_none(), "only allowlisted headers are stored");
+    assert!(
+        retry.headers.get("set-cookie").is_none(),
+        "Set-Cookie is never stored"
+    );
+    assert!(
+        retry.headers.get("x-not-kept").is_none(),
+        "only allowlisted headers are stored"
+    );
     assert_eq!(knobs.calls(), 1, "the handler does not run for a replay");
     assert_eq!(db.orders().await, 1);
     db.assert_settles().await;
@@ -85,8 +106,16 @@ async fn retry_replays_the_stored_response_byte_for_byte() {
 async fn same_key_with_another_payload_is_422() {
     let db = TestDb::new(4).await;
     let (app, knobs) = app(&db);
-    send(&app, post_json("/orders", Some("reuse-1"), &json!({"amount": 299}))).await;
-    let answer = send(&app, post_json("/orders", Some("reuse-1"), &json!({"amount": 399}))).await;
+    send(
+        &app,
+        post_json("/orders", Some("reuse-1"), &json!({"amount": 299})),
+    )
+    .await;
+    let answer = send(
+        &app,
+        post_json("/orders", Some("reuse-1"), &json!({"amount": 399})),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(answer.problem_code(), "key_reused");
     assert_eq!(answer.json()["status"], 422);
@@ -103,14 +132,17 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
         gate: Some(Arc::clone(&gate)),
         ..Knobs::default()
     });
-    let app = router(Arc::clone(&knobs), IdempotencyLayer::new(db.pool.clone()).retry_after(3));
+    let app = router(
+        Arc::clone(&knobs),
+        IdempotencyLayer::new(db.pool.clone()).retry_after(3),
+    );
     let body = json!({"amount": 5});
     let first = tokio::spawn({
         let app = app.clone();
         let body = body.clone();
         async move { send(&app, post_json("/orders", Some("busy-1"), &body)).await }
     });
-    knobs.inserted.acquire().await.unwrap().forget();
+    knobs.wait_inserted().await;
 
     let duplicate = send(&app, post_json("/orders", Some("busy-1"), &body)).await;
     assert_eq!(duplicate.status, StatusCode::CONFLICT);
@@ -138,18 +170,21 @@ async fn in_flight_duplicate_can_wait_and_replay() {
     });
     let layer = IdempotencyLayer::new(db.pool.clone()).wait_for_in_flight(Duration::from_secs(10));
     let app = router(Arc::clone(&knobs), layer);
-    let body = json!({"amount": 5});
+    let body = json!({"amount": 5, "show_lock_timeout": true});
     let first = tokio::spawn({
         let (app, body) = (app.clone(), body.clone());
         async move { send(&app, post_json("/orders", Some("wait-1"), &body)).await }
     });
-    knobs.inserted.acquire().await.unwrap().forget();
+    knobs.wait_inserted().await;
     let duplicate = tokio::spawn({
         let (app, body) = (app.clone(), body.clone());
         async move { send(&app, post_json("/orders", Some("wait-1"), &body)).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!duplicate.is_finished(), "the duplicate waits for the first request");
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate waits for the first request"
+    );
     gate.add_permits(1);
     let first = first.await.unwrap();
     let duplicate = duplicate.await.unwrap();
@@ -157,6 +192,11 @@ async fn in_flight_duplicate_can_wait_and_replay() {
     assert_eq!(duplicate.status, StatusCode::CREATED);
     assert!(duplicate.replayed());
     assert_eq!(duplicate.body, first.body);
+    assert_eq!(
+        first.json()["lock_timeout"],
+        "0",
+        "the wait's lock timeout does not reach the handler's statements"
+    );
     assert_eq!(knobs.calls(), 1);
     db.assert_settles().await;
 }
@@ -169,14 +209,15 @@ async fn bounded_wait_ends_in_409() {
         gate: Some(Arc::clone(&gate)),
         ..Knobs::default()
     });
-    let layer = IdempotencyLayer::new(db.pool.clone()).wait_for_in_flight(Duration::from_millis(200));
+    let layer =
+        IdempotencyLayer::new(db.pool.clone()).wait_for_in_flight(Duration::from_millis(200));
     let app = router(Arc::clone(&knobs), layer);
     let body = json!({"amount": 5});
     let first = tokio::spawn({
         let (app, body) = (app.clone(), body.clone());
         async move { send(&app, post_json("/orders", Some("wait-2"), &body)).await }
     });
-    knobs.inserted.acquire().await.unwrap().forget();
+    knobs.wait_inserted().await;
     let duplicate = send(&app, post_json("/orders", Some("wait-2"), &body)).await;
     assert_eq!(duplicate.status, StatusCode::CONFLICT);
     assert_eq!(duplicate.problem_code(), "in_flight");
@@ -219,7 +260,10 @@ async fn malformed_keys_are_400_never_5xx() {
     for raw in cases {
         let request = Request::post("/orders")
             .header("content-type", "application/json")
-            .header("idempotency-key", axum::http::HeaderValue::from_bytes(&raw).unwrap())
+            .header(
+                "idempotency-key",
+                axum::http::HeaderValue::from_bytes(&raw).unwrap(),
+            )
             .body(Body::from(r#"{"amount": 1}"#))
             .unwrap();
         let answer = send(&app, request).await;
@@ -242,7 +286,10 @@ async fn malformed_keys_are_400_never_5xx() {
 async fn oversized_body_is_413_by_length_and_by_stream() {
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
-    let app = router(Arc::clone(&knobs), IdempotencyLayer::new(db.pool.clone()).body_limit(1024));
+    let app = router(
+        Arc::clone(&knobs),
+        IdempotencyLayer::new(db.pool.clone()).body_limit(1024),
+    );
     let big = format!(r#"{{"amount": 1, "pad": "{}"}}"#, "x".repeat(2000));
 
     let declared = Request::post("/orders")
@@ -273,7 +320,15 @@ async fn oversized_body_is_413_by_length_and_by_stream() {
     assert_eq!(db.orders().await, 0);
     assert_eq!(db.records().await, 0);
     // Just under the limit is fine.
-    let ok = send(&app, post_json("/orders", Some("big-3"), &json!({"amount": 1, "pad": "x".repeat(900)}))).await;
+    let ok = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("big-3"),
+            &json!({"amount": 1, "pad": "x".repeat(900)}),
+        ),
+    )
+    .await;
     assert_eq!(ok.status, StatusCode::CREATED);
 }
 
@@ -282,9 +337,17 @@ async fn success_commits_and_stores() {
     let db = TestDb::new(2).await;
     let (app, knobs) = app(&db);
     for (key, status) in [("ok-200", 200), ("ok-201", 201), ("ok-303", 303)] {
-        let answer = send(&app, post_json("/orders", Some(key), &json!({"status": status}))).await;
+        let answer = send(
+            &app,
+            post_json("/orders", Some(key), &json!({"status": status})),
+        )
+        .await;
         assert_eq!(answer.status.as_u16(), status);
-        let retry = send(&app, post_json("/orders", Some(key), &json!({"status": status}))).await;
+        let retry = send(
+            &app,
+            post_json("/orders", Some(key), &json!({"status": status})),
+        )
+        .await;
         assert_eq!(retry.status.as_u16(), status);
         assert!(retry.replayed());
     }
@@ -306,8 +369,16 @@ async fn deterministic_4xx_is_stored_but_its_writes_are_rolled_back() {
         assert!(retry.replayed(), "a deterministic {status} is replayed");
         assert_eq!(retry.body, answer.body);
     }
-    assert_eq!(knobs.calls(), 3, "retries of a stored 4xx do not run the handler");
-    assert_eq!(db.orders().await, 0, "the handler's writes were not committed");
+    assert_eq!(
+        knobs.calls(),
+        3,
+        "retries of a stored 4xx do not run the handler"
+    );
+    assert_eq!(
+        db.orders().await,
+        0,
+        "the handler's writes were not committed"
+    );
     assert_eq!(db.records().await, 3);
     db.assert_settles().await;
 }
@@ -323,7 +394,10 @@ async fn retryable_failures_roll_back_and_store_nothing() {
         assert_eq!(answer.status.as_u16(), status);
         let retry = send(&app, post_json("/orders", Some(&key), &body)).await;
         assert_eq!(retry.status.as_u16(), status);
-        assert!(!retry.replayed(), "{status} is not stored; the retry runs again");
+        assert!(
+            !retry.replayed(),
+            "{status} is not stored; the retry runs again"
+        );
     }
     assert_eq!(knobs.calls(), 14);
     assert_eq!(db.orders().await, 0);
@@ -335,14 +409,22 @@ async fn retryable_failures_roll_back_and_store_nothing() {
 async fn panicking_handler_rolls_back_and_the_retry_runs_again() {
     let db = TestDb::new(1).await;
     let (app, knobs) = app(&db);
-    let answer = send(&app, post_json("/orders", Some("panic-1"), &json!({"panic": true}))).await;
+    let answer = send(
+        &app,
+        post_json("/orders", Some("panic-1"), &json!({"panic": true})),
+    )
+    .await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(answer.problem_code(), "handler_panicked");
     assert_eq!(db.orders().await, 0);
     assert_eq!(db.records().await, 0);
     // The retry (now without the panic trigger would be another payload; same payload
     // panics again, proving it ran again) runs the handler again.
-    let again = send(&app, post_json("/orders", Some("panic-1"), &json!({"panic": true}))).await;
+    let again = send(
+        &app,
+        post_json("/orders", Some("panic-1"), &json!({"panic": true})),
+    )
+    .await;
     assert_eq!(again.problem_code(), "handler_panicked");
     assert_eq!(knobs.calls(), 2);
     db.assert_settles().await;
@@ -378,7 +460,9 @@ async fn same_key_in_two_scopes_is_two_keys() {
     let (app, knobs) = app(&db);
     let request = |user: &str, amount: i64| {
         let mut request = post_json("/orders", Some("shared-key"), &json!({"amount": amount}));
-        request.headers_mut().insert("x-user-id", user.parse().unwrap());
+        request
+            .headers_mut()
+            .insert("x-user-id", user.parse().unwrap());
         request
     };
     let alice = send(&app, request("alice", 1)).await;
@@ -390,7 +474,11 @@ async fn same_key_in_two_scopes_is_two_keys() {
     assert_eq!(send(&app, request("alice", 1)).await.body, alice.body);
     assert_eq!(send(&app, request("bob", 2)).await.body, bob.body);
     // Unscoped requests are a third key space.
-    let unscoped = send(&app, post_json("/orders", Some("shared-key"), &json!({"amount": 3}))).await;
+    let unscoped = send(
+        &app,
+        post_json("/orders", Some("shared-key"), &json!({"amount": 3})),
+    )
+    .await;
     assert_eq!(unscoped.status, StatusCode::CREATED);
     assert!(!unscoped.replayed());
     assert_eq!(knobs.calls(), 3);
@@ -456,7 +544,12 @@ async fn extractor_without_the_layer_is_a_500_that_names_the_layer() {
     let answer = send(&app, post_json("/orders", Some("k"), &json!({}))).await;
     assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(answer.problem_code(), "layer_missing");
-    assert!(answer.json()["detail"].as_str().unwrap().contains("IdempotencyLayer"));
+    assert!(
+        answer.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("IdempotencyLayer")
+    );
 }
 
 #[tokio::test]
@@ -514,10 +607,14 @@ async fn sixty_four_concurrent_requests_with_one_key_execute_once() {
 #[tokio::test]
 async fn dead_database_is_503_and_keyless_requests_never_touch_it() {
     // Port 1 refuses connections: a database that is down.
-    let mut config: tokio_postgres::Config = "postgres://postgres@127.0.0.1:1/postgres".parse().unwrap();
+    let mut config: tokio_postgres::Config =
+        "postgres://postgres@127.0.0.1:1/postgres".parse().unwrap();
     config.connect_timeout(Duration::from_secs(2));
     let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager).max_size(2).build().unwrap();
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(2)
+        .build()
+        .unwrap();
     let knobs = Arc::new(Knobs::default());
     let app = router(Arc::clone(&knobs), IdempotencyLayer::new(pool));
 
@@ -564,11 +661,74 @@ async fn ignored_json_fields_do_not_change_the_fingerprint() {
     let knobs = Arc::new(Knobs::default());
     let layer = IdempotencyLayer::new(db.pool.clone()).ignore_json_field("/sent_at");
     let app = router(Arc::clone(&knobs), layer);
-    let first = send(&app, post_json("/orders", Some("ig-1"), &json!({"amount": 1, "sent_at": "10:00"}))).await;
-    let retry = send(&app, post_json("/orders", Some("ig-1"), &json!({"amount": 1, "sent_at": "10:05"}))).await;
+    let first = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("ig-1"),
+            &json!({"amount": 1, "sent_at": "10:00"}),
+        ),
+    )
+    .await;
+    let retry = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("ig-1"),
+            &json!({"amount": 1, "sent_at": "10:05"}),
+        ),
+    )
+    .await;
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
-    let other = send(&app, post_json("/orders", Some("ig-1"), &json!({"amount": 2, "sent_at": "10:05"}))).await;
+    let other = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("ig-1"),
+            &json!({"amount": 2, "sent_at": "10:05"}),
+        ),
+    )
+    .await;
     assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(knobs.calls(), 1);
+}
+
+#[tokio::test]
+async fn handler_cannot_end_the_shared_transaction() {
+    let db = TestDb::new(1).await;
+    let (app, knobs) = app(&db);
+    let answer = send(
+        &app,
+        post_json("/orders", Some("tc-1"), &json!({"try_commit": true})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    let refused = knobs.leaked_result.lock().await.clone().unwrap();
+    assert!(refused.contains("transaction control"), "{refused}");
+    // Record and row still commit together, once.
+    assert_eq!((db.orders().await, db.records().await), (1, 1));
+    db.assert_settles().await;
+}
+
+#[tokio::test]
+async fn deadline_covers_handler_and_commit() {
+    let db = TestDb::new(1).await;
+    let knobs = Arc::new(Knobs::default());
+    let layer = IdempotencyLayer::new(db.pool.clone()).handler_timeout(Duration::from_millis(300));
+    let app = router(Arc::clone(&knobs), layer);
+    // A handler that never returns, and one whose response body never ends.
+    for (key, body) in [
+        ("slow-1", json!({"hang": true})),
+        ("slow-2", json!({"stall_body": true})),
+    ] {
+        let answer = send(&app, post_json("/orders", Some(key), &body)).await;
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE, "{key}");
+        assert_eq!(answer.problem_code(), "handler_timed_out");
+        assert!(answer.headers.contains_key("retry-after"));
+    }
+    db.assert_settles().await;
+    assert_eq!((db.orders().await, db.records().await), (0, 0));
+    let ok = send(&app, post_json("/orders", Some("slow-3"), &json!({}))).await;
+    assert_eq!(ok.status, StatusCode::CREATED);
 }

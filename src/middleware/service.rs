@@ -129,7 +129,10 @@ where
     let body = match buffer_body(&config, &parts.headers, body).await {
         Ok(body) => body,
         Err(rejection) => {
-            return Ok(finalize(rejection.problem_response(), config.on_rejection.as_ref()));
+            return Ok(finalize(
+                rejection.problem_response(),
+                config.on_rejection.as_ref(),
+            ));
         }
     };
     let scope = config
@@ -184,9 +187,15 @@ where
     ResBody::Error: Into<axum::BoxError>,
 {
     let deadline = state.config.handler_timeout;
-    let result = tokio::time::timeout(deadline, AssertUnwindSafe(handler).catch_unwind()).await;
-    match result {
-        Ok(Ok(Ok(response))) => Outcome::Done(Ok(state.complete(response).await)),
+    let work = async {
+        match AssertUnwindSafe(handler).catch_unwind().await {
+            Ok(Ok(response)) => Ok(Ok(state.complete(response).await)),
+            Ok(Err(e)) => Ok(Err(e)),
+            Err(panic) => Err(panic),
+        }
+    };
+    match tokio::time::timeout(deadline, work).await {
+        Ok(Ok(Ok(response))) => Outcome::Done(Ok(response)),
         Ok(Ok(Err(e))) => {
             state.abandon().await;
             Outcome::Done(Err(e))
@@ -203,8 +212,10 @@ where
             }
         }
         Err(_elapsed) => {
+            // Whatever was still open rolls back; a COMMIT already sent may still land,
+            // in which case the retry replays it.
             state.abandon().await;
-            tracing::warn!(record = %state.id, ?deadline, "handler deadline passed; rolled back");
+            tracing::warn!(record = %state.id, ?deadline, "deadline passed; rolled back");
             Outcome::Done(Ok(state.reject(
                 Rejection::new(
                     RejectionKind::HandlerTimedOut,

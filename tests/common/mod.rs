@@ -67,7 +67,13 @@ pub fn pool_for(schema: &str, max_size: usize) -> Pool {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    Pool::builder(manager).max_size(max_size).build().unwrap()
+    // A bounded wait: a connection that never comes back fails the test instead of hanging it.
+    Pool::builder(manager)
+        .max_size(max_size)
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .unwrap()
 }
 
 impl TestDb {
@@ -117,7 +123,8 @@ impl TestDb {
     }
 
     pub async fn records(&self) -> i64 {
-        self.scalar("SELECT count(*) FROM idempotency_records").await
+        self.scalar("SELECT count(*) FROM idempotency_records")
+            .await
     }
 
     /// Backends of this test's pool that sit inside a transaction without working.
@@ -178,6 +185,7 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let schema = self.schema.clone();
+        self.pool.close();
         // Dropping runs inside the test's runtime; use a thread with its own.
         let _ = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -187,7 +195,9 @@ impl Drop for TestDb {
             runtime.block_on(async {
                 let admin = connect(&database_url()).await;
                 let _ = admin
-                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                    .batch_execute(&format!(
+                        "SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS {schema} CASCADE"
+                    ))
                     .await;
             });
         })
@@ -205,7 +215,8 @@ pub struct Knobs {
     pub inserted: Semaphore,
     /// The next call breaks its own COMMIT (a deferred foreign key fails).
     pub fail_commit_once: AtomicBool,
-    /// Result of a query made by a leaked handle after the handler returned.
+    /// Result of a query made by a leaked handle after the handler returned, or of a
+    /// refused COMMIT.
     pub leaked_result: tokio::sync::Mutex<Option<String>>,
 }
 
@@ -222,6 +233,15 @@ impl Default for Knobs {
 }
 
 impl Knobs {
+    /// Waits (at most 10 s) until a handler has inserted its row.
+    pub async fn wait_inserted(&self) {
+        tokio::time::timeout(Duration::from_secs(10), self.inserted.acquire())
+            .await
+            .expect("the handler did not insert its row in time")
+            .unwrap()
+            .forget();
+    }
+
     pub fn calls(&self) -> usize {
         self.calls.load(Ordering::SeqCst)
     }
@@ -250,6 +270,14 @@ async fn create_order(
             .await
             .unwrap();
     }
+    if body["try_commit"].as_bool() == Some(true) {
+        let refused = tx.execute("COMMIT", &[]).await.unwrap_err();
+        *knobs.leaked_result.lock().await = Some(refused.to_string());
+    }
+    let lock_timeout: Option<String> = match body["show_lock_timeout"].as_bool() {
+        Some(true) => Some(tx.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0)),
+        _ => None,
+    };
     knobs.inserted.add_permits(1);
     if let Some(gate) = &knobs.gate {
         gate.acquire().await.unwrap().forget();
@@ -275,7 +303,10 @@ async fn create_order(
         .as_u64()
         .and_then(|s| StatusCode::from_u16(s as u16).ok())
         .unwrap_or(StatusCode::CREATED);
-    let payload = json!({ "id": id, "user_id": user, "amount": amount });
+    let mut payload = json!({ "id": id, "user_id": user, "amount": amount });
+    if let Some(lock_timeout) = lock_timeout {
+        payload["lock_timeout"] = json!(lock_timeout);
+    }
     if body["stall_body"].as_bool() == Some(true) {
         let stream = futures_util::stream::once(async move {
             Ok::<_, std::io::Error>(bytes::Bytes::from(payload.to_string()))
@@ -342,7 +373,10 @@ impl Answer {
     }
 
     pub fn replayed(&self) -> bool {
-        self.headers.get("idempotent-replayed").map(|v| v.as_bytes()) == Some(b"true")
+        self.headers
+            .get("idempotent-replayed")
+            .map(|v| v.as_bytes())
+            == Some(b"true")
     }
 
     pub fn problem_code(&self) -> String {
