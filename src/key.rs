@@ -164,11 +164,16 @@ pub(crate) struct RecordId([u8; 16]);
 
 impl RecordId {
     pub(crate) fn new(scope: &str, key: &IdempotencyKey) -> Self {
+        Self::from_parts(scope, key.as_str())
+    }
+
+    /// The id of (scope, key); the inbox uses (consumer group, message id).
+    pub(crate) fn from_parts(scope: &str, key: &str) -> Self {
         let mut hasher = Sha256::new();
         hasher.update(b"axum-idempotency/v1\0");
         hasher.update((scope.len() as u64).to_be_bytes());
         hasher.update(scope.as_bytes());
-        hasher.update(key.as_str().as_bytes());
+        hasher.update(key.as_bytes());
         let digest = hasher.finalize();
         let mut id = [0; 16];
         id.copy_from_slice(&digest[..16]);

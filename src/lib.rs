@@ -3,6 +3,7 @@
 mod config;
 mod error;
 mod fingerprint;
+mod inbox;
 mod key;
 mod middleware;
 mod rejection;
@@ -12,6 +13,7 @@ mod transaction;
 
 pub use crate::config::StoreDecision;
 pub use crate::error::Error;
+pub use crate::inbox::{Inbox, InboxError, Outcome};
 pub use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use crate::middleware::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::rejection::{Rejection, RejectionKind};

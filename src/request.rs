@@ -18,7 +18,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError, RecordId};
 use crate::rejection::{Rejection, RejectionKind};
 use crate::store::{self, Claim, CommitError, NewRecord, StoredResponse};
-use crate::transaction::{HandleCount, IdempotentTx, Slot, TxConn};
+use crate::transaction::{IdempotentTx, SharedTx, TxConn};
 
 /// The response header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -39,13 +39,6 @@ pub(crate) struct KeyInvalid(pub(crate) KeyError);
 #[derive(Clone, Copy)]
 pub(crate) struct MethodNotCovered;
 
-/// The open transaction of a claimed request.
-#[derive(Debug)]
-pub(crate) struct ActiveTx {
-    pub(crate) conn: TxConn,
-    replaces_expired: bool,
-}
-
 /// What the layer knows about one keyed request.
 pub(crate) struct RequestState {
     pub(crate) config: Arc<Config>,
@@ -53,8 +46,9 @@ pub(crate) struct RequestState {
     pub(crate) scope: String,
     pub(crate) key: IdempotencyKey,
     pub(crate) fingerprint: Fingerprint,
-    pub(crate) slot: Slot,
-    pub(crate) handles: HandleCount,
+    pub(crate) tx: Arc<SharedTx>,
+    /// Set by the claim: an expired record for this id must be deleted before the insert.
+    replaces_expired: AtomicBool,
     claimed: AtomicBool,
 }
 
@@ -65,14 +59,15 @@ impl RequestState {
         key: IdempotencyKey,
         fingerprint: Fingerprint,
     ) -> Self {
+        let id = RecordId::new(&scope, &key);
         Self {
-            id: RecordId::new(&scope, &key),
+            id,
             config,
             scope,
             key,
             fingerprint,
-            slot: Slot::default(),
-            handles: HandleCount::default(),
+            tx: Arc::new(SharedTx::new(id)),
+            replaces_expired: AtomicBool::new(false),
             claimed: AtomicBool::new(false),
         }
     }
@@ -84,10 +79,10 @@ impl RequestState {
 
     /// The extractor's work: begin, lock, look up — and decide.
     async fn claim(self: &Arc<Self>) -> Result<IdempotentTx, Response> {
-        let mut slot = self.slot.write().await;
+        let mut slot = self.tx.slot().await;
         if slot.is_some() {
             // A second extractor in the same handler shares the transaction.
-            return Ok(IdempotentTx::new(Arc::clone(self)));
+            return Ok(self.tx.handle());
         }
         if self.claimed.swap(true, Ordering::AcqRel) {
             return Err(self.reject(Rejection::new(
@@ -110,11 +105,10 @@ impl RequestState {
         match claim {
             Claim::Run { replaces_expired } => {
                 tracing::debug!(record = %self.id, replaces_expired, "claimed");
-                *slot = Some(ActiveTx {
-                    conn,
-                    replaces_expired,
-                });
-                Ok(IdempotentTx::new(Arc::clone(self)))
+                self.replaces_expired
+                    .store(replaces_expired, Ordering::Release);
+                *slot = Some(conn);
+                Ok(self.tx.handle())
             }
             Claim::InFlight => {
                 tracing::debug!(record = %self.id, "in flight");
@@ -167,17 +161,11 @@ impl RequestState {
         response
     }
 
-    /// Takes the transaction back from the handler. `None` if the handler never claimed
-    /// one (it does not use the extractor, or the extractor answered for it).
-    async fn take_active(&self) -> Option<ActiveTx> {
-        self.slot.write().await.take()
-    }
-
     /// Rolls back whatever the handler left open.
     pub(crate) async fn abandon(&self) -> bool {
-        match self.take_active().await {
-            Some(active) => {
-                active.conn.rollback().await;
+        match self.tx.take().await {
+            Some(conn) => {
+                conn.rollback().await;
                 true
             }
             None => false,
@@ -191,13 +179,15 @@ impl RequestState {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
     {
-        let leaked = self.handles.live() > 0;
-        let Some(active) = self.take_active().await else {
+        let leaked = self.tx.live_handles() > 0;
+        // `None` if the handler never claimed (it does not take the extractor, or the
+        // extractor answered for it).
+        let Some(mut conn) = self.tx.take().await else {
             return response.map(Body::new);
         };
         if leaked {
             tracing::error!(record = %self.id, "handler leaked its IdempotentTx; rolling back");
-            active.conn.rollback().await;
+            conn.rollback().await;
             return self.reject(Rejection::new(
                 RejectionKind::TransactionLeaked,
                 "the handler kept its transaction handle after returning; its work was rolled back",
@@ -206,7 +196,7 @@ impl RequestState {
         let decision = (self.config.store_policy)(response.status());
         if decision == StoreDecision::Discard {
             tracing::debug!(record = %self.id, status = %response.status(), "rolled back, not stored");
-            active.conn.rollback().await;
+            conn.rollback().await;
             return response.map(Body::new);
         }
         let (parts, body) = response.into_parts();
@@ -216,7 +206,7 @@ impl RequestState {
         {
             Ok(collected) => collected.to_bytes(),
             Err(e) => {
-                active.conn.rollback().await;
+                conn.rollback().await;
                 let rejection = if e.is::<http_body_util::LengthLimitError>() {
                     Rejection::new(
                         RejectionKind::ResponseTooLarge,
@@ -247,10 +237,7 @@ impl RequestState {
             body: &body,
             ttl: self.config.ttl,
         };
-        let ActiveTx {
-            mut conn,
-            replaces_expired,
-        } = active;
+        let replaces_expired = self.replaces_expired.load(Ordering::Acquire);
         let outcome = store::insert_and_commit(
             conn.client(),
             &record,

@@ -22,11 +22,18 @@ struct Migration {
 }
 
 /// Append-only: a released file never changes, a new one gets the next number.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "idempotency_records",
-    sql: include_str!("../migrations/0001_idempotency_records.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "idempotency_records",
+        sql: include_str!("../migrations/0001_idempotency_records.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "inbox_messages",
+        sql: include_str!("../migrations/0002_inbox_messages.sql"),
+    },
+];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
 const MIGRATION_LOCK: i64 = 0x6178_6964_656d_0001;
@@ -307,6 +314,143 @@ pub(crate) async fn insert_and_commit(
         inserted => inserted.map_err(CommitError::Failed)?,
     };
     committed.map_err(CommitError::Failed)
+}
+
+/// The inbox record of a message, as found under its lock.
+#[derive(Debug)]
+pub(crate) struct InboxRecord {
+    pub(crate) succeeded: bool,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+    /// Within the retention window; an expired record counts as absent.
+    pub(crate) live: bool,
+    pub(crate) payload_digest: Option<Vec<u8>>,
+}
+
+const INBOX_LOOKUP: &str = "SELECT status = 'SUCCESS', attempts, last_error, expires_at > now(), \
+                            payload_digest FROM inbox_messages \
+                            WHERE consumer_group = $1 AND message_id = $2";
+const INBOX_INSERT_SUCCESS: &str = "INSERT INTO inbox_messages \
+    (consumer_group, message_id, status, attempts, payload_digest, payload, expires_at) \
+    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, now() + make_interval(secs => $6))";
+const INBOX_UPDATE_SUCCESS: &str = "UPDATE inbox_messages SET status = 'SUCCESS', attempts = $3, \
+    payload_digest = $4, payload = $5, last_error = NULL, updated_at = now(), \
+    expires_at = now() + make_interval(secs => $6) \
+    WHERE consumer_group = $1 AND message_id = $2";
+const INBOX_RECORD_FAILURE: &str = "INSERT INTO inbox_messages AS m \
+    (consumer_group, message_id, status, attempts, payload_digest, payload, last_error, expires_at) \
+    VALUES ($1, $2, 'FAILED', 1, $3, $4, $5, now() + make_interval(secs => $6)) \
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
+        status = 'FAILED', \
+        attempts = CASE WHEN m.status = 'SUCCESS' THEN 1 ELSE m.attempts + 1 END, \
+        payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
+        last_error = EXCLUDED.last_error, updated_at = now(), expires_at = EXCLUDED.expires_at \
+    WHERE m.status = 'FAILED' OR m.expires_at <= now() \
+    RETURNING attempts";
+
+/// Begins the message's transaction, waits (bounded) for its advisory lock, and reads its
+/// record — one round trip once prepared. `Ok(None)` from the outer option means the lock
+/// was not granted in time.
+pub(crate) async fn inbox_claim(
+    client: &ClientWrapper,
+    id: RecordId,
+    group: &str,
+    message_id: &str,
+    wait: std::time::Duration,
+) -> Result<Option<Option<InboxRecord>>, tokio_postgres::Error> {
+    let set_timeout = client.prepare_cached(SET_LOCK_TIMEOUT).await?;
+    let lock = client.prepare_cached(WAIT_LOCK).await?;
+    let lookup = client.prepare_cached(INBOX_LOOKUP).await?;
+    let timeout = format!("{}ms", wait.as_millis().max(1));
+    let lock_key = id.lock_key();
+    let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
+    let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+    let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
+    let (begin, timeout_set, locked, reset, found) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        client.query_one(&set_timeout, &timeout_params),
+        client.query_one(&lock, &lock_params),
+        client.batch_execute(RESET_LOCK_TIMEOUT),
+        client.query_opt(&lookup, &lookup_params),
+    );
+    begin?;
+    timeout_set?;
+    match locked {
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(None),
+        locked => locked?,
+    };
+    reset?;
+    let Some(row) = found? else {
+        return Ok(Some(None));
+    };
+    Ok(Some(Some(InboxRecord {
+        succeeded: row.try_get(0)?,
+        attempts: row.try_get(1)?,
+        last_error: row.try_get(2)?,
+        live: row.try_get(3)?,
+        payload_digest: row.try_get(4)?,
+    })))
+}
+
+/// What the inbox writes about a message.
+#[derive(Debug)]
+pub(crate) struct InboxWrite<'a> {
+    pub(crate) group: &'a str,
+    pub(crate) message_id: &'a str,
+    pub(crate) payload_digest: Option<&'a [u8]>,
+    pub(crate) payload: Option<&'a [u8]>,
+    pub(crate) retention: std::time::Duration,
+}
+
+/// Records success and commits with the consumer's work, pipelined in one round trip.
+pub(crate) async fn inbox_commit(
+    client: &ClientWrapper,
+    write: &InboxWrite<'_>,
+    attempts: i32,
+    record_exists: bool,
+) -> Result<(), tokio_postgres::Error> {
+    let sql = if record_exists {
+        INBOX_UPDATE_SUCCESS
+    } else {
+        INBOX_INSERT_SUCCESS
+    };
+    let statement = client.prepare_cached(sql).await?;
+    let retention = write.retention.as_secs_f64();
+    let params: [&(dyn ToSql + Sync); 6] = [
+        &write.group,
+        &write.message_id,
+        &attempts,
+        &write.payload_digest,
+        &write.payload,
+        &retention,
+    ];
+    let (written, committed) = tokio::join!(
+        client.execute(&statement, &params),
+        client.batch_execute("COMMIT"),
+    );
+    written?;
+    committed
+}
+
+/// Records a failed attempt after the rollback, in a transaction of its own. Returns the
+/// attempt count, or `None` if the message has meanwhile succeeded elsewhere.
+pub(crate) async fn inbox_record_failure(
+    client: &ClientWrapper,
+    write: &InboxWrite<'_>,
+    error: &str,
+) -> Result<Option<i32>, tokio_postgres::Error> {
+    let statement = client.prepare_cached(INBOX_RECORD_FAILURE).await?;
+    let retention = write.retention.as_secs_f64();
+    let params: [&(dyn ToSql + Sync); 6] = [
+        &write.group,
+        &write.message_id,
+        &write.payload_digest,
+        &write.payload,
+        &error,
+        &retention,
+    ];
+    let row = client.query_opt(&statement, &params).await?;
+    row.map(|row| row.try_get(0)).transpose()
 }
 
 /// Encodes kept headers as length-prefixed (name, value) pairs.

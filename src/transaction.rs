@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{ClientWrapper, Object};
-use tokio::sync::RwLock;
+use tokio::sync::{RwLock, RwLockWriteGuard};
 use tokio_postgres::types::{BorrowToSql, ToSql};
 use tokio_postgres::{RowStream, Statement, ToStatement};
 
 use crate::store::SAVEPOINT_NAME;
 
 use crate::Error;
-use crate::request::RequestState;
+use crate::key::RecordId;
 
 /// How long a background ROLLBACK may take before the connection is closed instead.
 const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -148,36 +148,61 @@ async fn rollback_or_detach(mut guard: DetachOnDrop) {
 /// }
 /// ```
 pub struct IdempotentTx {
-    pub(crate) state: Arc<RequestState>,
+    shared: Arc<SharedTx>,
 }
 
-/// The transaction slot shared by the layer and the handler's handles.
-pub(crate) type Slot = RwLock<Option<crate::request::ActiveTx>>;
+/// The transaction one request or message runs in, shared by its owner (the layer or the
+/// inbox) and the handles it gives out.
+pub(crate) struct SharedTx {
+    pub(crate) id: RecordId,
+    slot: RwLock<Option<TxConn>>,
+    /// Live handles, so the owner can tell a handle that outlived its handler.
+    handles: AtomicUsize,
+}
 
-/// Counts live handles, so the layer can tell a handle that outlived its handler.
-#[derive(Debug, Default)]
-pub(crate) struct HandleCount(AtomicUsize);
-
-impl HandleCount {
-    pub(crate) fn acquire(&self) {
-        self.0.fetch_add(1, Ordering::AcqRel);
+impl SharedTx {
+    pub(crate) fn new(id: RecordId) -> Self {
+        Self {
+            id,
+            slot: RwLock::new(None),
+            handles: AtomicUsize::new(0),
+        }
     }
 
-    pub(crate) fn release(&self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+    /// Exclusive access to the slot, to install a freshly claimed transaction.
+    pub(crate) async fn slot(&self) -> RwLockWriteGuard<'_, Option<TxConn>> {
+        self.slot.write().await
     }
 
-    pub(crate) fn live(&self) -> usize {
-        self.0.load(Ordering::Acquire)
+    /// A new handle on the transaction.
+    pub(crate) fn handle(self: &Arc<Self>) -> IdempotentTx {
+        self.handles.fetch_add(1, Ordering::AcqRel);
+        IdempotentTx {
+            shared: Arc::clone(self),
+        }
+    }
+
+    /// Handles still alive.
+    pub(crate) fn live_handles(&self) -> usize {
+        self.handles.load(Ordering::Acquire)
+    }
+
+    /// Takes the transaction back; handles see [`Error::TransactionEnded`] from now on.
+    pub(crate) async fn take(&self) -> Option<TxConn> {
+        self.slot.write().await.take()
+    }
+}
+
+impl fmt::Debug for SharedTx {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedTx")
+            .field("id", &self.id)
+            .field("handles", &self.live_handles())
+            .finish_non_exhaustive()
     }
 }
 
 impl IdempotentTx {
-    pub(crate) fn new(state: Arc<RequestState>) -> Self {
-        state.handles.acquire();
-        Self { state }
-    }
-
     async fn with_client<T, F>(&self, sql: Option<&str>, f: F) -> Result<T, Error>
     where
         F: AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
@@ -185,9 +210,9 @@ impl IdempotentTx {
         if sql.is_some_and(is_transaction_control) {
             return Err(Error::TransactionControl);
         }
-        let slot = self.state.slot.read().await;
+        let slot = self.shared.slot.read().await;
         match slot.as_ref() {
-            Some(active) => f(active.conn.client()).await.map_err(Error::Postgres),
+            Some(conn) => f(conn.client()).await.map_err(Error::Postgres),
             None => Err(Error::TransactionEnded),
         }
     }
@@ -279,14 +304,14 @@ impl IdempotentTx {
 
 impl Drop for IdempotentTx {
     fn drop(&mut self) {
-        self.state.handles.release();
+        self.shared.handles.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl fmt::Debug for IdempotentTx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentTx")
-            .field("record", &self.state.id)
+            .field("record", &self.shared.id)
             .finish_non_exhaustive()
     }
 }

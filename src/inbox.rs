@@ -1,0 +1,405 @@
+//! Idempotent message consumption: the Inbox pattern on the same transaction engine as the
+//! HTTP layer.
+//!
+//! Brokers deliver at least once: a consumer that did its work but lost the ACK sees the
+//! message again. [`Inbox::process`] makes the redelivery harmless. The consume record,
+//! keyed by (consumer group, message id), is inserted in the same PostgreSQL transaction as
+//! the consumer's own writes, so it exists exactly when the work committed; a message whose
+//! record exists is a [`Outcome::Duplicate`] and the work does not run again.
+
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use futures_util::FutureExt;
+use sha2::{Digest, Sha256};
+
+use crate::key::{KeyError, MAX_KEY_LEN, RecordId};
+use crate::store::{self, InboxWrite};
+use crate::transaction::{IdempotentTx, SharedTx, TxConn};
+
+/// An idempotent consumer for one consumer group.
+///
+/// Cloning is cheap (one `Arc`); share one `Inbox` between all workers of a group.
+///
+/// ```no_run
+/// use axum_idempotency::{Inbox, InboxError, Outcome};
+///
+/// # async fn consume(pool: deadpool_postgres::Pool, message_id: &str, payload: &[u8])
+/// #     -> Result<(), Box<dyn std::error::Error>> {
+/// let inbox = Inbox::new(pool, "coupon-service");
+/// let user_id: i64 = 1001;
+/// let outcome = inbox
+///     .process_payload(message_id, payload, |tx| async move {
+///         tx.execute(
+///             "INSERT INTO coupon_account (user_id, coupon_code) VALUES ($1, $2)",
+///             &[&user_id, &"NEW_USER_50"],
+///         )
+///         .await?;
+///         Ok::<_, axum_idempotency::Error>(())
+///     })
+///     .await;
+/// match outcome {
+///     // Done now or before: acknowledge.
+///     Ok(Outcome::Processed(())) | Ok(Outcome::Duplicate { .. }) => { /* ack */ }
+///     // Failed too often: dead-letter instead of looping forever.
+///     Ok(Outcome::GaveUp { attempts, last_error }) => { /* reject without requeue */ }
+///     // The work was rolled back: requeue, the broker redelivers.
+///     Err(e) => { /* nack with requeue */ }
+/// }
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Inbox {
+    config: Arc<InboxConfig>,
+}
+
+#[derive(Clone, Debug)]
+struct InboxConfig {
+    pool: Pool,
+    group: String,
+    max_attempts: u32,
+    retention: Duration,
+    lock_timeout: Duration,
+    store_payload: bool,
+}
+
+/// What [`Inbox::process`] did with a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome<T> {
+    /// The work ran and committed together with the consume record.
+    Processed(T),
+    /// The message was processed before (a redelivery or a republished duplicate); the
+    /// work did not run.
+    Duplicate {
+        /// Attempts it took the first time.
+        attempts: u32,
+    },
+    /// The message failed `max_attempts` times; the work did not run again. Dead-letter it.
+    GaveUp {
+        /// Failed attempts so far.
+        attempts: u32,
+        /// The error of the last attempt.
+        last_error: Option<String>,
+    },
+}
+
+/// Why [`Inbox::process`] did not finish a message. In every case nothing of the work was
+/// committed, so the consumer can requeue the message.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum InboxError<E> {
+    /// The message id is empty, too long, or not printable ASCII.
+    InvalidMessageId(KeyError),
+    /// Another worker is processing the same message and did not finish within the lock
+    /// timeout.
+    Busy,
+    /// The database could not be reached, or the commit failed.
+    Store(crate::Error),
+    /// The work returned an error; it was rolled back and the attempt recorded.
+    Failed {
+        /// Failed attempts so far, this one included.
+        attempts: u32,
+        /// The work's error.
+        error: E,
+    },
+    /// The work panicked; it was rolled back and the attempt recorded.
+    Panicked {
+        /// Failed attempts so far, this one included.
+        attempts: u32,
+        /// The panic message.
+        message: String,
+    },
+    /// The work kept its transaction handle after returning (moved into a spawned task);
+    /// it was rolled back and the attempt recorded.
+    TransactionLeaked,
+}
+
+impl<E: fmt::Display> fmt::Display for InboxError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidMessageId(e) => write!(f, "invalid message id: {e}"),
+            Self::Busy => f.write_str("another worker is processing this message"),
+            Self::Store(_) => f.write_str("the inbox store failed"),
+            Self::Failed { attempts, error } => {
+                write!(f, "processing failed (attempt {attempts}): {error}")
+            }
+            Self::Panicked { attempts, message } => {
+                write!(f, "processing panicked (attempt {attempts}): {message}")
+            }
+            Self::TransactionLeaked => f.write_str(
+                "the work kept its transaction handle after returning; it was rolled back",
+            ),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for InboxError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::InvalidMessageId(e) => Some(e),
+            Self::Store(e) => Some(e),
+            Self::Failed { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl Inbox {
+    /// An inbox for `consumer_group`, storing records through `pool`. Run
+    /// [`migrate`](crate::migrate) once before consuming.
+    pub fn new(pool: Pool, consumer_group: impl Into<String>) -> Self {
+        Self {
+            config: Arc::new(InboxConfig {
+                pool,
+                group: consumer_group.into(),
+                max_attempts: 5,
+                retention: Duration::from_secs(7 * 24 * 3600),
+                lock_timeout: Duration::from_secs(10),
+                store_payload: false,
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut InboxConfig)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// After this many failed attempts a message is given up: [`Outcome::GaveUp`] instead
+    /// of another run. Default: 5.
+    #[must_use]
+    pub fn max_attempts(self, attempts: u32) -> Self {
+        self.with(|c| c.max_attempts = attempts.max(1))
+    }
+
+    /// How long a record is kept; a message redelivered after that runs again. Choose it
+    /// longer than the broker can hold and redeliver a message. Default: 7 days.
+    #[must_use]
+    pub fn retention(self, retention: Duration) -> Self {
+        self.with(|c| c.retention = retention)
+    }
+
+    /// How long a worker waits for another worker that is processing the same message
+    /// before it gives up with [`InboxError::Busy`]. The waiting worker holds a pooled
+    /// connection. Default: 10 seconds.
+    #[must_use]
+    pub fn lock_timeout(self, timeout: Duration) -> Self {
+        self.with(|c| c.lock_timeout = timeout)
+    }
+
+    /// Keep the payload passed to [`process_payload`](Self::process_payload) in the record.
+    /// Default: off — only its SHA-256 digest is kept, since payloads often carry personal
+    /// or payment data.
+    #[must_use]
+    pub fn store_payload(self, enabled: bool) -> Self {
+        self.with(|c| c.store_payload = enabled)
+    }
+
+    /// The consumer group this inbox records for.
+    pub fn consumer_group(&self) -> &str {
+        &self.config.group
+    }
+
+    /// Runs `work` once per message id in this consumer group.
+    ///
+    /// `work` gets the transaction as an [`IdempotentTx`]; what it writes commits together
+    /// with the consume record, or not at all.
+    pub async fn process<F, Fut, T, E>(
+        &self,
+        message_id: &str,
+        work: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: FnOnce(IdempotentTx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Display,
+    {
+        self.run(message_id, None, work).await
+    }
+
+    /// Like [`process`](Self::process), and keeps the payload's SHA-256 digest in the record
+    /// (the payload itself only with [`store_payload`](Self::store_payload)). A duplicate
+    /// whose payload differs from the first is logged as a warning.
+    pub async fn process_payload<F, Fut, T, E>(
+        &self,
+        message_id: &str,
+        payload: &[u8],
+        work: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: FnOnce(IdempotentTx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Display,
+    {
+        self.run(message_id, Some(payload), work).await
+    }
+
+    async fn run<F, Fut, T, E>(
+        &self,
+        message_id: &str,
+        payload: Option<&[u8]>,
+        work: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: FnOnce(IdempotentTx) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Display,
+    {
+        validate_message_id(message_id).map_err(InboxError::InvalidMessageId)?;
+        let config = &self.config;
+        let id = RecordId::from_parts(&config.group, message_id);
+        let digest = payload.map(|payload| Sha256::digest(payload).to_vec());
+        let write = InboxWrite {
+            group: &config.group,
+            message_id,
+            payload_digest: digest.as_deref(),
+            payload: payload.filter(|_| config.store_payload),
+            retention: config.retention,
+        };
+
+        let object = config
+            .pool
+            .get()
+            .await
+            .map_err(|e| InboxError::Store(e.into()))?;
+        let conn = TxConn::new(object);
+        let claim = store::inbox_claim(
+            conn.client(),
+            id,
+            &config.group,
+            message_id,
+            config.lock_timeout,
+        )
+        .await
+        .map_err(|e| InboxError::Store(e.into()))?;
+        let Some(found) = claim else {
+            return Err(InboxError::Busy);
+        };
+        // An expired record is still in the table until purged: it is updated in place.
+        let record_exists = found.is_some();
+        let record = found.filter(|record| record.live);
+        if let Some(record) = &record {
+            let attempts = u32::try_from(record.attempts).unwrap_or(0);
+            if record.succeeded {
+                conn.rollback().await;
+                if digest.is_some()
+                    && record.payload_digest.is_some()
+                    && record.payload_digest != digest
+                {
+                    tracing::warn!(group = %config.group, message = %id,
+                        "duplicate message id with a different payload");
+                }
+                tracing::debug!(group = %config.group, message = %id, "duplicate");
+                return Ok(Outcome::Duplicate { attempts });
+            }
+            if attempts >= config.max_attempts {
+                conn.rollback().await;
+                tracing::warn!(group = %config.group, message = %id, attempts, "gave up");
+                return Ok(Outcome::GaveUp {
+                    attempts,
+                    last_error: record.last_error.clone(),
+                });
+            }
+        }
+        let prior_attempts = record.as_ref().map_or(0, |r| r.attempts);
+
+        let shared = Arc::new(SharedTx::new(id));
+        *shared.slot().await = Some(conn);
+        let result = AssertUnwindSafe(work(shared.handle())).catch_unwind().await;
+        let leaked = shared.live_handles() > 0;
+        let Some(mut conn) = shared.take().await else {
+            return Err(InboxError::TransactionLeaked);
+        };
+        let failure = match result {
+            Ok(Ok(value)) if !leaked => {
+                let committed =
+                    store::inbox_commit(conn.client(), &write, prior_attempts + 1, record_exists)
+                        .await;
+                return match committed {
+                    Ok(()) => {
+                        conn.mark_ended();
+                        tracing::debug!(group = %config.group, message = %id, "processed");
+                        Ok(Outcome::Processed(value))
+                    }
+                    Err(e) => {
+                        tracing::error!(group = %config.group, message = %id, error = %e,
+                            "inbox commit failed");
+                        Err(InboxError::Store(e.into()))
+                    }
+                };
+            }
+            Ok(Ok(_)) => Failure::Leaked,
+            Ok(Err(error)) => Failure::Error(error),
+            Err(panic) => Failure::Panic(panic_message(panic.as_ref())),
+        };
+        let text = match &failure {
+            Failure::Leaked => "the work kept its transaction handle after returning".to_owned(),
+            Failure::Error(error) => error.to_string(),
+            Failure::Panic(message) => format!("panicked: {message}"),
+        };
+        conn.rollback().await;
+        let attempts = self.record_failure(&write, &text, prior_attempts).await;
+        tracing::warn!(group = %config.group, message = %id, attempts, error = %text,
+            "processing failed; rolled back");
+        Err(match failure {
+            Failure::Leaked => InboxError::TransactionLeaked,
+            Failure::Error(error) => InboxError::Failed { attempts, error },
+            Failure::Panic(message) => InboxError::Panicked { attempts, message },
+        })
+    }
+
+    /// Records a failed attempt in a short transaction of its own; best effort, since the
+    /// work has already been rolled back.
+    async fn record_failure(&self, write: &InboxWrite<'_>, error: &str, prior: i32) -> u32 {
+        let recorded = match self.config.pool.get().await {
+            Ok(client) => store::inbox_record_failure(&client, write, error).await,
+            Err(e) => {
+                tracing::error!(error = %e, "could not record a failed attempt");
+                return u32::try_from(prior + 1).unwrap_or(0);
+            }
+        };
+        match recorded {
+            Ok(Some(attempts)) => u32::try_from(attempts).unwrap_or(0),
+            Ok(None) => u32::try_from(prior + 1).unwrap_or(0),
+            Err(e) => {
+                tracing::error!(error = %e, "could not record a failed attempt");
+                u32::try_from(prior + 1).unwrap_or(0)
+            }
+        }
+    }
+}
+
+enum Failure<E> {
+    Leaked,
+    Error(E),
+    Panic(String),
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(message) = panic.downcast_ref::<&str>() {
+        (*message).to_owned()
+    } else if let Some(message) = panic.downcast_ref::<String>() {
+        message.clone()
+    } else {
+        "non-string panic payload".to_owned()
+    }
+}
+
+/// Message ids follow the rules of HTTP keys: 1–255 printable ASCII characters, no spaces.
+fn validate_message_id(id: &str) -> Result<(), KeyError> {
+    if id.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if id.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong { len: id.len() });
+    }
+    match id.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
+        Some(position) => Err(KeyError::InvalidCharacter { position }),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,352 @@
+//! The Inbox against real PostgreSQL: once per (consumer group, message id), failures
+//! recorded, poison messages given up on.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum_idempotency::{Error, IdempotentTx, Inbox, InboxError, Outcome};
+use common::*;
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+
+async fn grant(tx: &IdempotentTx, user: i64) -> Result<(), Error> {
+    tx.execute(
+        "INSERT INTO orders (user_id, amount) VALUES ($1, 50)",
+        &[&user],
+    )
+    .await
+    .map(drop)
+}
+
+async fn record(db: &TestDb, group: &str, id: &str) -> Option<tokio_postgres::Row> {
+    db.admin
+        .query_opt(
+            &format!(
+                "SELECT status, attempts, last_error, payload_digest, payload \
+                 FROM {}.inbox_messages WHERE consumer_group = $1 AND message_id = $2",
+                db.schema
+            ),
+            &[&group, &id],
+        )
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_message_is_processed_once_and_its_redelivery_is_a_duplicate() {
+    let db = TestDb::new(2).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let runs = &AtomicUsize::new(0);
+    let payload = br#"{"user_id":1001,"coupon_code":"NEW_USER_50"}"#;
+    for expected in ["processed", "duplicate", "duplicate"] {
+        let outcome = inbox
+            .process_payload("msg-001", payload, |tx| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                grant(&tx, 1001).await
+            })
+            .await
+            .unwrap();
+        match (expected, outcome) {
+            ("processed", Outcome::Processed(())) => {}
+            ("duplicate", Outcome::Duplicate { attempts: 1 }) => {}
+            (expected, outcome) => panic!("expected {expected}, got {outcome:?}"),
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(db.orders().await, 1);
+    let row = record(&db, "coupons", "msg-001").await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "SUCCESS");
+    assert_eq!(row.get::<_, i32>(1), 1);
+    assert_eq!(
+        row.get::<_, Option<Vec<u8>>>(3),
+        Some(Sha256::digest(payload).to_vec())
+    );
+    assert_eq!(
+        row.get::<_, Option<Vec<u8>>>(4),
+        None,
+        "the payload is not kept by default"
+    );
+    db.assert_settles().await;
+}
+
+#[tokio::test]
+async fn the_payload_is_kept_only_when_asked() {
+    let db = TestDb::new(2).await;
+    let inbox = Inbox::new(db.pool.clone(), "audit").store_payload(true);
+    inbox
+        .process_payload("m-1", b"body", |tx| async move { grant(&tx, 1).await })
+        .await
+        .unwrap();
+    let row = record(&db, "audit", "m-1").await.unwrap();
+    assert_eq!(
+        row.get::<_, Option<Vec<u8>>>(4).as_deref(),
+        Some(&b"body"[..])
+    );
+}
+
+#[tokio::test]
+async fn consumer_groups_are_independent() {
+    let db = TestDb::new(2).await;
+    for group in ["coupons", "points"] {
+        let inbox = Inbox::new(db.pool.clone(), group);
+        let outcome = inbox
+            .process("msg-7", |tx| async move { grant(&tx, 7).await })
+            .await
+            .unwrap();
+        assert_eq!(outcome, Outcome::Processed(()), "{group}");
+    }
+    assert_eq!(db.orders().await, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_workers_with_the_same_message_run_it_once() {
+    let db = TestDb::new(8).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (inbox, runs, start) = (inbox.clone(), Arc::clone(&runs), Arc::clone(&start));
+            tokio::spawn(async move {
+                start.wait().await;
+                inbox
+                    .process("msg-race", |tx| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        grant(&tx, 1).await?;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Ok::<_, Error>(())
+                    })
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut processed = 0;
+    for worker in workers {
+        match worker.await.unwrap() {
+            Outcome::Processed(()) => processed += 1,
+            Outcome::Duplicate { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(processed, 1);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(db.orders().await, 1);
+    db.assert_settles().await;
+}
+
+#[tokio::test]
+async fn failures_roll_back_are_recorded_and_end_in_give_up() {
+    let db = TestDb::new(2).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons").max_attempts(3);
+    let runs = &AtomicUsize::new(0);
+
+    let first = inbox
+        .process("poison", |tx| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            grant(&tx, 1).await.unwrap();
+            Err::<(), _>("coupon service said no")
+        })
+        .await;
+    assert!(
+        matches!(
+            first,
+            Err(InboxError::Failed {
+                attempts: 1,
+                error: "coupon service said no"
+            })
+        ),
+        "{first:?}"
+    );
+    assert_eq!(db.orders().await, 0, "the work was rolled back");
+    let row = record(&db, "coupons", "poison").await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "FAILED");
+    assert_eq!(row.get::<_, i32>(1), 1);
+    assert_eq!(
+        row.get::<_, Option<String>>(2).as_deref(),
+        Some("coupon service said no")
+    );
+
+    let second = inbox
+        .process("poison", |tx| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            grant(&tx, 1).await.unwrap();
+            if runs.load(Ordering::SeqCst) > 0 {
+                panic!("consumer bug");
+            }
+            Ok::<(), &str>(())
+        })
+        .await;
+    assert!(
+        matches!(&second, Err(InboxError::Panicked { attempts: 2, message }) if message == "consumer bug"),
+        "{second:?}"
+    );
+
+    let third = inbox
+        .process("poison", |_tx| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Err::<(), _>("still no")
+        })
+        .await;
+    assert!(matches!(third, Err(InboxError::Failed { attempts: 3, .. })));
+
+    let fourth = inbox
+        .process("poison", |_tx| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<(), &str>(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        fourth,
+        Outcome::GaveUp {
+            attempts: 3,
+            last_error: Some("still no".to_owned())
+        }
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "a given-up message does not run again"
+    );
+    assert_eq!(db.orders().await, 0);
+    db.assert_settles().await;
+}
+
+#[tokio::test]
+async fn a_retry_after_a_failure_can_succeed() {
+    let db = TestDb::new(2).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let failed = inbox
+        .process("flaky", |_tx| async { Err::<(), _>("timeout") })
+        .await;
+    assert!(matches!(
+        failed,
+        Err(InboxError::Failed { attempts: 1, .. })
+    ));
+    let outcome = inbox
+        .process("flaky", |tx| async move { grant(&tx, 2).await })
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Processed(()));
+    let row = record(&db, "coupons", "flaky").await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "SUCCESS");
+    assert_eq!(row.get::<_, i32>(1), 2);
+    assert_eq!(row.get::<_, Option<String>>(2), None);
+    assert_eq!(
+        inbox
+            .process("flaky", |_tx| async { Ok::<(), &str>(()) })
+            .await
+            .unwrap(),
+        Outcome::Duplicate { attempts: 2 }
+    );
+}
+
+#[tokio::test]
+async fn invalid_message_ids_are_refused_cleanly() {
+    let db = TestDb::new(1).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let long = "m".repeat(256);
+    for id in [
+        "",
+        long.as_str(),
+        "two words",
+        "caf\u{e9}",
+        "tab\t",
+        "nul\0",
+    ] {
+        let outcome = inbox.process(id, |_tx| async { Ok::<(), &str>(()) }).await;
+        assert!(
+            matches!(outcome, Err(InboxError::InvalidMessageId(_))),
+            "{id:?}: {outcome:?}"
+        );
+    }
+    assert_eq!(db.scalar("SELECT count(*) FROM inbox_messages").await, 0);
+}
+
+#[tokio::test]
+async fn an_expired_record_lets_the_message_run_again() {
+    let db = TestDb::new(1).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    inbox
+        .process("old", |tx| async move { grant(&tx, 1).await })
+        .await
+        .unwrap();
+    db.admin
+        .batch_execute(&format!(
+            "UPDATE {}.inbox_messages SET expires_at = now() - interval '1 second'",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    let outcome = inbox
+        .process("old", |tx| async move { grant(&tx, 1).await })
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Processed(()));
+    assert_eq!(db.orders().await, 2);
+    assert_eq!(db.scalar("SELECT count(*) FROM inbox_messages").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_waits_too_long_reports_busy() {
+    let db = TestDb::new(2).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons").lock_timeout(Duration::from_millis(200));
+    let gate = Arc::new(Semaphore::new(0));
+    let started = Arc::new(Semaphore::new(0));
+    let first = tokio::spawn({
+        let (inbox, gate, started) = (inbox.clone(), Arc::clone(&gate), Arc::clone(&started));
+        async move {
+            inbox
+                .process("slow", |tx| async move {
+                    grant(&tx, 1).await?;
+                    started.add_permits(1);
+                    let _ = gate.acquire().await;
+                    Ok::<_, Error>(())
+                })
+                .await
+                .unwrap()
+        }
+    });
+    let _ = started.acquire().await.unwrap();
+    let busy = inbox
+        .process("slow", |_tx| async { Ok::<(), &str>(()) })
+        .await;
+    assert!(matches!(busy, Err(InboxError::Busy)), "{busy:?}");
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap(), Outcome::Processed(()));
+    db.assert_settles().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once() {
+    let db = TestDb::new(1).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inserted = Arc::new(Semaphore::new(0));
+    let doomed = tokio::spawn({
+        let (inbox, inserted) = (inbox.clone(), Arc::clone(&inserted));
+        async move {
+            inbox
+                .process("killed", |tx| async move {
+                    grant(&tx, 1).await?;
+                    inserted.add_permits(1);
+                    std::future::pending::<()>().await;
+                    Ok::<_, Error>(())
+                })
+                .await
+        }
+    });
+    let _ = inserted.acquire().await.unwrap();
+    doomed.abort();
+    db.assert_settles().await;
+    assert_eq!(db.orders().await, 0);
+    let outcome = inbox
+        .process("killed", |tx| async move { grant(&tx, 1).await })
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Processed(()));
+    assert_eq!(db.orders().await, 1);
+}
