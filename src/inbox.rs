@@ -48,7 +48,7 @@ use crate::transaction::{IdempotentTx, SharedTx, TxConn};
 ///     // Failed too often: dead-letter instead of looping forever.
 ///     Ok(Outcome::GaveUp { attempts, last_error }) => { /* reject without requeue */ }
 ///     // The work was rolled back: requeue, the broker redelivers.
-///     Err(e) => { /* nack with requeue */ }
+///     Err(_) => { /* nack with requeue */ }
 /// }
 /// # Ok(()) }
 /// ```
@@ -67,9 +67,8 @@ struct InboxConfig {
     store_payload: bool,
 }
 
-/// What [`Inbox::process`] did with a message.
+/// What [`Inbox::process`] did with a message: the article's states as seen by a consumer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Outcome<T> {
     /// The work ran and committed together with the consume record.
     Processed(T),

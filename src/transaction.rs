@@ -109,8 +109,9 @@ async fn rollback_or_detach(mut guard: DetachOnDrop) {
     }
 }
 
-/// The request's share of the idempotent transaction: the extractor that enables
-/// idempotency for a route.
+/// A handle on the transaction that also stores the idempotency record: the extractor that
+/// enables idempotency for a route, and what [`Inbox`](crate::Inbox) hands a consumer's
+/// work.
 ///
 /// Taking `IdempotentTx` as a handler argument makes the route idempotent: before the
 /// handler runs, the extractor checks out a connection, begins a transaction, takes the
