@@ -5,7 +5,11 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --example orders
 //! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: k1' \
 //!      -H 'content-type: application/json' -d '{"user_id": 1001, "amount": 299}'
+//! curl localhost:3000/metrics
 //! ```
+//!
+//! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
+//! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.
 
 use std::net::SocketAddr;
 
@@ -16,8 +20,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use axum_idempotency::{IdempotencyLayer, IdempotentTx};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
+use tower_http::trace::TraceLayer;
 
 #[derive(Deserialize)]
 struct NewOrder {
@@ -138,13 +144,18 @@ async fn get_order(
     })
 }
 
-/// The application, also used by the tests.
-fn app(pool: Pool, idempotency: IdempotencyLayer) -> Router {
+/// The application: the idempotent routes under the layer, `/metrics` beside them.
+fn app(pool: Pool, idempotency: IdempotencyLayer, metrics: PrometheusHandle) -> Router {
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{order_no}", get(get_order))
         .layer(idempotency)
         .with_state(pool)
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
+        .layer(TraceLayer::new_for_http())
 }
 
 async fn create_schema(pool: &Pool) -> Result<(), axum_idempotency::Error> {
@@ -185,6 +196,14 @@ async fn shutdown_signal() {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "axum_idempotency=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let metrics = PrometheusBuilder::new().install_recorder()?;
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
     let bind: SocketAddr = std::env::var("BIND_ADDR")
@@ -214,7 +233,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "orders example listening on http://{}",
         listener.local_addr()?
     );
-    axum::serve(listener, app(pool, idempotency.clone()))
+    axum::serve(listener, app(pool, idempotency.clone(), metrics))
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     idempotency.drain().await;

@@ -72,6 +72,7 @@ pub(crate) struct Config {
     pub(crate) finish_on_disconnect: bool,
     pub(crate) handler_timeout: Duration,
     pub(crate) store_raw_key: bool,
+    pub(crate) lease: Duration,
     pub(crate) tasks: TaskTracker,
 }
 
@@ -94,6 +95,7 @@ impl Config {
             finish_on_disconnect: true,
             handler_timeout: Duration::from_secs(60),
             store_raw_key: false,
+            lease: Duration::from_secs(30),
             tasks: TaskTracker::new(),
         }
     }
@@ -124,6 +126,7 @@ impl fmt::Debug for Config {
             .field("finish_on_disconnect", &self.finish_on_disconnect)
             .field("handler_timeout", &self.handler_timeout)
             .field("store_raw_key", &self.store_raw_key)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }

@@ -28,6 +28,9 @@ pub enum Error {
         /// Highest version this build ships.
         known: i32,
     },
+    /// A key given to [`Admin::lookup`](crate::Admin::lookup) is not a valid
+    /// `Idempotency-Key` value.
+    InvalidKey(crate::KeyError),
 }
 
 impl Error {
@@ -59,6 +62,7 @@ impl fmt::Display for Error {
                 "the database schema is at version {found}, \
                  newer than the {known} this version of axum-idempotency knows"
             ),
+            Self::InvalidKey(_) => f.write_str("invalid idempotency key"),
         }
     }
 }
@@ -68,6 +72,7 @@ impl std::error::Error for Error {
         match self {
             Self::Pool(e) => Some(e),
             Self::Postgres(e) => Some(e),
+            Self::InvalidKey(e) => Some(e),
             _ => None,
         }
     }

@@ -11,7 +11,7 @@ use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use deadpool_postgres::Pool;
 use futures_util::FutureExt;
@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 
 use crate::key::{KeyError, MAX_KEY_LEN, RecordId};
 use crate::store::{self, InboxWrite};
+use crate::telemetry;
 use crate::transaction::{IdempotentTx, SharedTx, TxConn};
 
 /// An idempotent consumer for one consumer group.
@@ -261,6 +262,7 @@ impl Inbox {
             retention: config.retention,
         };
 
+        let started = Instant::now();
         let object = config
             .pool
             .get()
@@ -276,7 +278,9 @@ impl Inbox {
         )
         .await
         .map_err(|e| InboxError::Store(e.into()))?;
+        telemetry::claim_time("inbox", started);
         let Some(found) = claim else {
+            telemetry::inbox_message("busy");
             return Err(InboxError::Busy);
         };
         // An expired record is still in the table until purged: it is updated in place.
@@ -294,11 +298,13 @@ impl Inbox {
                         "duplicate message id with a different payload");
                 }
                 tracing::debug!(group = %config.group, message = %id, "duplicate");
+                telemetry::inbox_message("duplicate");
                 return Ok(Outcome::Duplicate { attempts });
             }
             if attempts >= config.max_attempts {
                 conn.rollback().await;
                 tracing::warn!(group = %config.group, message = %id, attempts, "gave up");
+                telemetry::inbox_message("gave_up");
                 return Ok(Outcome::GaveUp {
                     attempts,
                     last_error: record.last_error.clone(),
@@ -316,18 +322,25 @@ impl Inbox {
         };
         let failure = match result {
             Ok(Ok(value)) if !leaked => {
+                let started = Instant::now();
                 let committed =
                     store::inbox_commit(conn.client(), &write, prior_attempts + 1, record_exists)
                         .await;
+                telemetry::commit_time("inbox", started);
                 return match committed {
                     Ok(()) => {
                         conn.mark_ended();
                         tracing::debug!(group = %config.group, message = %id, "processed");
+                        telemetry::inbox_message("processed");
+                        if prior_attempts > 0 {
+                            telemetry::retry_success("inbox");
+                        }
                         Ok(Outcome::Processed(value))
                     }
                     Err(e) => {
                         tracing::error!(group = %config.group, message = %id, error = %e,
                             "inbox commit failed");
+                        telemetry::inbox_message("failed");
                         Err(InboxError::Store(e.into()))
                     }
                 };
@@ -345,6 +358,7 @@ impl Inbox {
         let attempts = self.record_failure(&write, &text, prior_attempts).await;
         tracing::warn!(group = %config.group, message = %id, attempts, error = %text,
             "processing failed; rolled back");
+        telemetry::inbox_message("failed");
         Err(match failure {
             Failure::Leaked => InboxError::TransactionLeaked,
             Failure::Error(error) => InboxError::Failed { attempts, error },

@@ -218,6 +218,16 @@ impl tokio_postgres::types::ToSql for RecordId {
     tokio_postgres::types::to_sql_checked!();
 }
 
+/// A stable key for one downstream effect of the operation `id`: 32 hex characters of
+/// SHA-256 over (id, label).
+pub(crate) fn derive_key(id: RecordId, label: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"axum-idempotency/derive/v1\0");
+    hasher.update(id.0);
+    hasher.update(label.as_bytes());
+    hex(&hasher.finalize()[..16])
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     use fmt::Write;
     let mut out = String::with_capacity(bytes.len() * 2);

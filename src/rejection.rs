@@ -38,6 +38,9 @@ pub enum RejectionKind {
     /// The handler's response body failed while being buffered; the work was rolled back
     /// (500).
     ResponseBodyFailed,
+    /// Lease mode: the handler finished after its lease ran out and another request took
+    /// the key over; its result was not stored (409, with `Retry-After`).
+    LeaseLost,
     /// The handler kept a copy of its `IdempotentTx` after returning; the work was rolled
     /// back (500).
     TransactionLeaked,
@@ -60,7 +63,7 @@ impl RejectionKind {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::InFlight => StatusCode::CONFLICT,
+            Self::InFlight | Self::LeaseLost => StatusCode::CONFLICT,
             Self::StoreUnavailable | Self::CommitFailed | Self::HandlerTimedOut => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -83,6 +86,7 @@ impl RejectionKind {
             Self::BodyTimeout => "body_timeout",
             Self::KeyReused => "key_reused",
             Self::InFlight => "in_flight",
+            Self::LeaseLost => "lease_lost",
             Self::StoreUnavailable => "store_unavailable",
             Self::CommitFailed => "commit_failed",
             Self::ResponseTooLarge => "response_too_large",

@@ -8,16 +8,22 @@ use axum::body::Body;
 use axum::extract::FromRequestParts;
 use axum::response::Response;
 use bytes::Bytes;
-use http::HeaderValue;
 use http::request::Parts;
+use http::{HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tracing::Instrument;
+
+use std::time::Instant;
 
 use crate::config::{Config, StoreDecision};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError, RecordId};
+use crate::lease::IdempotentLease;
 use crate::rejection::{Rejection, RejectionKind};
-use crate::store::{self, Claim, CommitError, NewRecord, StoredResponse};
+use crate::store::{
+    self, Claim, CommitError, Existing, ExistingKind, LeaseClaim, LeaseEnd, NewRecord,
+};
+use crate::telemetry::{self, RequestOutcome};
 use crate::transaction::{IdempotentTx, SharedTx, TxConn};
 
 /// The response header that marks a replayed response.
@@ -46,9 +52,12 @@ pub(crate) struct RequestState {
     pub(crate) scope: String,
     pub(crate) key: IdempotencyKey,
     pub(crate) fingerprint: Fingerprint,
+    /// Atomic mode: the shared transaction.
     pub(crate) tx: Arc<SharedTx>,
-    /// Set by the claim: an expired record for this id must be deleted before the insert.
-    replaces_expired: AtomicBool,
+    /// Atomic mode, set by the claim: a record for this id must be deleted before the insert.
+    replaces: AtomicBool,
+    /// Lease mode: the fencing token of the lease this request holds.
+    lease: std::sync::Mutex<Option<i64>>,
     claimed: AtomicBool,
 }
 
@@ -67,7 +76,8 @@ impl RequestState {
             key,
             fingerprint,
             tx: Arc::new(SharedTx::new(id)),
-            replaces_expired: AtomicBool::new(false),
+            replaces: AtomicBool::new(false),
+            lease: std::sync::Mutex::new(None),
             claimed: AtomicBool::new(false),
         }
     }
@@ -77,53 +87,121 @@ impl RequestState {
         rejection.problem_response()
     }
 
-    /// The extractor's work: begin, lock, look up — and decide.
+    fn record<'a>(&'a self, status: StatusCode, headers: Vec<u8>, body: &'a [u8]) -> NewRecord<'a> {
+        NewRecord {
+            id: self.id,
+            scope: &self.scope,
+            raw_key: self.config.store_raw_key.then(|| self.key.as_str()),
+            fingerprint: self.fingerprint,
+            status,
+            headers,
+            body,
+            ttl: self.config.ttl,
+        }
+    }
+
+    /// A key can be claimed once per request, by one kind of extractor.
+    fn first_claim(&self) -> Result<(), Rejection> {
+        if self.claimed.swap(true, Ordering::AcqRel) {
+            return Err(Rejection::new(
+                RejectionKind::TransactionLeaked,
+                "this request's key was already claimed by another extractor",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Atomic mode, the extractor's work: begin, lock, look up — and decide.
     async fn claim(self: &Arc<Self>) -> Result<IdempotentTx, Response> {
         let mut slot = self.tx.slot().await;
         if slot.is_some() {
             // A second extractor in the same handler shares the transaction.
             return Ok(self.tx.handle());
         }
-        if self.claimed.swap(true, Ordering::AcqRel) {
-            return Err(self.reject(Rejection::new(
-                RejectionKind::TransactionLeaked,
-                "the idempotent transaction of this request has already ended",
-            )));
-        }
+        self.first_claim().map_err(|r| self.reject(r))?;
+        let started = Instant::now();
         let config = &self.config;
         let object = config.pool.get().await.map_err(|e| {
             tracing::warn!(record = %self.id, error = %e, "no connection for the idempotency store");
             self.unavailable(e)
         })?;
         let conn = TxConn::new(object);
-        let claim = store::claim(conn.client(), self.id, config.wait_for_in_flight)
-            .await
-            .map_err(|e| {
-                tracing::warn!(record = %self.id, error = %e, "claim failed");
-                self.unavailable(e)
-            })?;
+        let claim = store::claim(
+            conn.client(),
+            self.id,
+            self.fingerprint,
+            config.wait_for_in_flight,
+        )
+        .await
+        .map_err(|e| {
+            tracing::warn!(record = %self.id, error = %e, "claim failed");
+            self.unavailable(e)
+        })?;
+        telemetry::claim_time("atomic", started);
         match claim {
-            Claim::Run { replaces_expired } => {
-                tracing::debug!(record = %self.id, replaces_expired, "claimed");
-                self.replaces_expired
-                    .store(replaces_expired, Ordering::Release);
+            Claim::Run { replaces } => {
+                tracing::debug!(record = %self.id, replaces, "claimed");
+                self.replaces.store(replaces, Ordering::Release);
                 *slot = Some(conn);
                 Ok(self.tx.handle())
             }
             Claim::InFlight => {
                 tracing::debug!(record = %self.id, "in flight");
-                Err(self.reject(self.in_flight()))
+                telemetry::request(RequestOutcome::InFlight);
+                Err(self.reject(self.in_flight(self.config.retry_after)))
             }
-            Claim::Completed(stored) => {
+            Claim::Existing(existing) => {
                 // Release the key's lock before answering, so the client's next retry
                 // cannot find it still held.
                 conn.rollback().await;
-                Err(self.answer_repeat(stored))
+                Err(self.answer_existing(existing))
             }
         }
     }
 
+    /// Lease mode, the extractor's work: commit a PROCESSING record (or take over an
+    /// abandoned one) with a fresh fencing token.
+    async fn claim_lease(self: &Arc<Self>) -> Result<IdempotentLease, Response> {
+        self.first_claim().map_err(|r| self.reject(r))?;
+        let started = Instant::now();
+        let client = self.config.pool.get().await.map_err(|e| {
+            tracing::warn!(record = %self.id, error = %e, "no connection for the idempotency store");
+            self.unavailable(e)
+        })?;
+        let claim = store::lease_acquire(
+            &client,
+            &self.record(StatusCode::ACCEPTED, Vec::new(), &[]),
+            self.config.lease,
+        )
+        .await
+        .map_err(|e| {
+            tracing::warn!(record = %self.id, error = %e, "lease claim failed");
+            self.unavailable(e)
+        })?;
+        telemetry::claim_time("lease", started);
+        match claim {
+            LeaseClaim::Acquired { token } => {
+                tracing::debug!(record = %self.id, token, "lease acquired");
+                if token > 1 {
+                    telemetry::lease_takeover();
+                }
+                *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
+                Ok(IdempotentLease::new(Arc::clone(self), token))
+            }
+            LeaseClaim::Existing(existing) => Err(self.answer_existing(existing)),
+            LeaseClaim::Raced => {
+                telemetry::request(RequestOutcome::InFlight);
+                Err(self.reject(self.in_flight(1)))
+            }
+        }
+    }
+
+    fn lease_token(&self) -> Option<i64> {
+        *self.lease.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn unavailable(&self, source: impl std::error::Error + Send + Sync + 'static) -> Response {
+        telemetry::request(RequestOutcome::StoreError);
         self.reject(
             Rejection::new(
                 RejectionKind::StoreUnavailable,
@@ -134,24 +212,38 @@ impl RequestState {
         )
     }
 
-    fn in_flight(&self) -> Rejection {
+    fn in_flight(&self, retry_after: u32) -> Rejection {
         Rejection::new(
             RejectionKind::InFlight,
             "a request with this Idempotency-Key is still being processed",
         )
-        .with_retry_after(self.config.retry_after)
+        .with_retry_after(retry_after.max(1))
     }
 
-    /// A completed record: the stored response if the request is the same, 422 if not.
-    fn answer_repeat(&self, stored: StoredResponse) -> Response {
-        if stored.fingerprint != self.fingerprint {
+    /// A record this request may not replace: the stored response if the request is the
+    /// same, 422 if not, 409 while a lease holder is at work.
+    fn answer_existing(&self, existing: Existing) -> Response {
+        if existing.fingerprint != self.fingerprint {
             tracing::info!(record = %self.id, "key reused with a different request");
+            telemetry::request(RequestOutcome::PayloadMismatch);
             return self.reject(Rejection::new(
                 RejectionKind::KeyReused,
                 "this Idempotency-Key was already used for a different request",
             ));
         }
+        let stored = match existing.kind {
+            ExistingKind::Completed(stored) => stored,
+            ExistingKind::Leased { retry_after } => {
+                telemetry::request(RequestOutcome::InFlight);
+                return self.reject(self.in_flight(retry_after));
+            }
+            ExistingKind::Replaceable => {
+                telemetry::request(RequestOutcome::InFlight);
+                return self.reject(self.in_flight(1));
+            }
+        };
         tracing::debug!(record = %self.id, "replayed");
+        telemetry::request(RequestOutcome::Replayed);
         let mut response = Response::new(Body::from(stored.body));
         *response.status_mut() = stored.status;
         *response.headers_mut() = stored.headers;
@@ -161,26 +253,52 @@ impl RequestState {
         response
     }
 
-    /// Rolls back whatever the handler left open.
+    /// Gives up on whatever the handler left open: rolls the transaction back, or marks
+    /// the lease failed so a retry may run again. `false` if nothing was claimed.
     pub(crate) async fn abandon(&self) -> bool {
+        if let Some(token) = self.lease_token() {
+            self.end_lease_quietly(token).await;
+            telemetry::request(RequestOutcome::RolledBack);
+            return true;
+        }
         match self.tx.take().await {
             Some(conn) => {
                 conn.rollback().await;
+                telemetry::request(RequestOutcome::RolledBack);
                 true
             }
             None => false,
         }
     }
 
-    /// The layer's work after the handler returned a response: apply the store policy,
-    /// then insert the record and commit, or roll back.
+    /// Best effort: a lease whose holder failed becomes a retryable failure.
+    async fn end_lease_quietly(&self, token: i64) {
+        let record = self.record(StatusCode::INTERNAL_SERVER_ERROR, Vec::new(), &[]);
+        let ended = match self.config.pool.get().await {
+            Ok(client) => {
+                store::lease_complete(&client, &record, token, LeaseEnd::RetryableFailure)
+                    .await
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(error) = ended {
+            tracing::warn!(record = %self.id, %error, "could not mark the lease failed; it will expire");
+        }
+    }
+
+    /// The layer's work after the handler returned a response.
     pub(crate) async fn complete<B>(&self, response: Response<B>) -> Response
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
     {
+        if let Some(token) = self.lease_token() {
+            return self.complete_lease(token, response).await;
+        }
         let leaked = self.tx.live_handles() > 0;
-        // `None` if the handler never claimed (it does not take the extractor, or the
+        // `None` if the handler never claimed (it does not take an extractor, or the
         // extractor answered for it).
         let Some(mut conn) = self.tx.take().await else {
             return response.map(Body::new);
@@ -188,6 +306,7 @@ impl RequestState {
         if leaked {
             tracing::error!(record = %self.id, "handler leaked its IdempotentTx; rolling back");
             conn.rollback().await;
+            telemetry::request(RequestOutcome::RolledBack);
             return self.reject(Rejection::new(
                 RejectionKind::TransactionLeaked,
                 "the handler kept its transaction handle after returning; its work was rolled back",
@@ -197,74 +316,53 @@ impl RequestState {
         if decision == StoreDecision::Discard {
             tracing::debug!(record = %self.id, status = %response.status(), "rolled back, not stored");
             conn.rollback().await;
+            telemetry::request(RequestOutcome::RolledBack);
             return response.map(Body::new);
         }
-        let (parts, body) = response.into_parts();
-        let body = match Limited::new(body, self.config.response_limit)
-            .collect()
-            .await
-        {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) => {
+        let (parts, body) = match self.buffer_response(response).await {
+            Ok(buffered) => buffered,
+            Err(rejection) => {
                 conn.rollback().await;
-                let rejection = if e.is::<http_body_util::LengthLimitError>() {
-                    Rejection::new(
-                        RejectionKind::ResponseTooLarge,
-                        "the response is larger than the limit for stored responses; the work was rolled back",
-                    )
-                } else {
-                    Rejection::new(
-                        RejectionKind::ResponseBodyFailed,
-                        "the response body failed while being buffered; the work was rolled back",
-                    )
-                };
+                telemetry::request(RequestOutcome::RolledBack);
                 return self.reject(rejection);
             }
         };
-        let headers = store::encode_headers(
-            parts
-                .headers
-                .iter()
-                .filter(|(name, _)| self.config.keeps_header(name)),
-        );
-        let record = NewRecord {
-            id: self.id,
-            scope: &self.scope,
-            raw_key: self.config.store_raw_key.then(|| self.key.as_str()),
-            fingerprint: self.fingerprint,
-            status: parts.status,
-            headers,
-            body: &body,
-            ttl: self.config.ttl,
-        };
-        let replaces_expired = self.replaces_expired.load(Ordering::Acquire);
+        let record = self.record(parts.status, self.kept_headers(&parts.headers), &body);
+        let started = Instant::now();
         let outcome = store::insert_and_commit(
             conn.client(),
             &record,
             decision == StoreDecision::StoreWithoutCommit,
-            replaces_expired,
+            self.replaces.load(Ordering::Acquire),
         )
         .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
         .await;
+        telemetry::commit_time("atomic", started);
         match outcome {
             Ok(()) => {
                 conn.mark_ended();
                 tracing::debug!(record = %self.id, status = %parts.status, "committed");
+                telemetry::request(RequestOutcome::Executed);
                 Response::from_parts(parts, Body::from(body))
             }
             Err(CommitError::Conflict) => {
                 // The COMMIT after the failed insert was a ROLLBACK.
                 conn.mark_ended();
                 tracing::warn!(record = %self.id, "unique-key backstop caught a concurrent request");
+                telemetry::unique_conflict();
                 match store::lookup(conn.client(), self.id).await {
-                    Ok(Some(stored)) => self.answer_repeat(stored),
-                    Ok(None) => self.reject(self.in_flight()),
+                    Ok(Some(existing)) => self.answer_existing(existing),
+                    Ok(None) => {
+                        telemetry::request(RequestOutcome::InFlight);
+                        self.reject(self.in_flight(self.config.retry_after))
+                    }
                     Err(e) => self.unavailable(e),
                 }
             }
             Err(CommitError::Failed(e)) => {
                 tracing::error!(record = %self.id, error = %e, "commit failed; nothing stored");
                 drop(conn);
+                telemetry::request(RequestOutcome::StoreError);
                 self.reject(
                     Rejection::new(
                         RejectionKind::CommitFailed,
@@ -274,6 +372,111 @@ impl RequestState {
                     .with_source(e),
                 )
             }
+        }
+    }
+
+    /// Lease mode: write the holder's result, fenced by its token.
+    async fn complete_lease<B>(&self, token: i64, response: Response<B>) -> Response
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        let end = match (self.config.store_policy)(response.status()) {
+            StoreDecision::Commit => LeaseEnd::Success,
+            StoreDecision::StoreWithoutCommit => LeaseEnd::FinalFailure,
+            StoreDecision::Discard => LeaseEnd::RetryableFailure,
+        };
+        let (parts, body) = match self.buffer_response(response).await {
+            Ok(buffered) => buffered,
+            Err(rejection) => {
+                self.end_lease_quietly(token).await;
+                telemetry::request(RequestOutcome::RolledBack);
+                return self.reject(rejection);
+            }
+        };
+        let record = self.record(parts.status, self.kept_headers(&parts.headers), &body);
+        let started = Instant::now();
+        let completed = match self.config.pool.get().await {
+            Ok(client) => store::lease_complete(&client, &record, token, end)
+                .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
+                .await
+                .map_err(crate::Error::from),
+            Err(e) => Err(e.into()),
+        };
+        telemetry::commit_time("lease", started);
+        match completed {
+            Ok(true) => {
+                tracing::debug!(record = %self.id, token, ?end, "lease completed");
+                match end {
+                    LeaseEnd::RetryableFailure => telemetry::request(RequestOutcome::RolledBack),
+                    _ => {
+                        telemetry::request(RequestOutcome::Executed);
+                        if token > 1 && end == LeaseEnd::Success {
+                            telemetry::retry_success("lease");
+                        }
+                    }
+                }
+                Response::from_parts(parts, Body::from(body))
+            }
+            Ok(false) => {
+                tracing::error!(record = %self.id, token,
+                    "stale fencing token: the lease was taken over; result not stored");
+                telemetry::request(RequestOutcome::LeaseLost);
+                self.reject(
+                    Rejection::new(
+                        RejectionKind::LeaseLost,
+                        "this request's lease expired and another request took the key over; \
+                         retry to get the current result",
+                    )
+                    .with_retry_after(self.config.retry_after),
+                )
+            }
+            Err(e) => {
+                tracing::error!(record = %self.id, error = %e, "could not store the lease result");
+                telemetry::request(RequestOutcome::StoreError);
+                self.reject(
+                    Rejection::new(
+                        RejectionKind::CommitFailed,
+                        "the result could not be stored; the key is released when its lease expires",
+                    )
+                    .with_retry_after(self.config.retry_after)
+                    .with_source(e),
+                )
+            }
+        }
+    }
+
+    fn kept_headers(&self, headers: &http::HeaderMap) -> Vec<u8> {
+        store::encode_headers(
+            headers
+                .iter()
+                .filter(|(name, _)| self.config.keeps_header(name)),
+        )
+    }
+
+    /// Buffers the handler's response body up to the stored-response limit.
+    async fn buffer_response<B>(
+        &self,
+        response: Response<B>,
+    ) -> Result<(http::response::Parts, Bytes), Rejection>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        let (parts, body) = response.into_parts();
+        match Limited::new(body, self.config.response_limit)
+            .collect()
+            .await
+        {
+            Ok(collected) => Ok((parts, collected.to_bytes())),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(Rejection::new(
+                RejectionKind::ResponseTooLarge,
+                "the response is larger than the limit for stored responses; the work was rolled back",
+            )),
+            Err(_) => Err(Rejection::new(
+                RejectionKind::ResponseBodyFailed,
+                "the response body failed while being buffered; the work was rolled back",
+            )),
         }
     }
 }
@@ -287,40 +490,64 @@ impl std::fmt::Debug for RequestState {
     }
 }
 
+/// The request's state for an extractor, or the rejection that says why there is none.
+pub(crate) fn request_state(
+    parts: &Parts,
+    extractor: &str,
+) -> Result<Arc<RequestState>, Rejection> {
+    if let Some(Idempotent(state)) = parts.extensions.get::<Idempotent>() {
+        return Ok(Arc::clone(state));
+    }
+    let rejection = if let Some(KeyInvalid(error)) = parts.extensions.get::<KeyInvalid>() {
+        telemetry::request(RequestOutcome::InvalidKey);
+        Rejection::new(RejectionKind::InvalidKey, error.to_string())
+    } else if parts.extensions.get::<KeyMissing>().is_some() {
+        telemetry::request(RequestOutcome::MissingKey);
+        Rejection::new(
+            RejectionKind::MissingKey,
+            "this endpoint requires an Idempotency-Key header",
+        )
+    } else if parts.extensions.get::<MethodNotCovered>().is_some() {
+        Rejection::new(
+            RejectionKind::MethodNotCovered,
+            format!(
+                "{extractor} is used on a {} route, but IdempotencyLayer does not cover {}; \
+                 add it with `IdempotencyLayer::methods`",
+                parts.method, parts.method
+            ),
+        )
+    } else {
+        Rejection::new(
+            RejectionKind::LayerMissing,
+            format!(
+                "{extractor} needs IdempotencyLayer on this route. Is `IdempotencyLayer` enabled?"
+            ),
+        )
+    };
+    Err(rejection)
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for IdempotentTx {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        if let Some(Idempotent(state)) = parts.extensions.get::<Idempotent>() {
-            let state = Arc::clone(state);
-            return state
-                .claim()
-                .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
-                .await;
-        }
-        let rejection = if let Some(KeyInvalid(error)) = parts.extensions.get::<KeyInvalid>() {
-            Rejection::new(RejectionKind::InvalidKey, error.to_string())
-        } else if parts.extensions.get::<KeyMissing>().is_some() {
-            Rejection::new(
-                RejectionKind::MissingKey,
-                "this endpoint requires an Idempotency-Key header",
-            )
-        } else if parts.extensions.get::<MethodNotCovered>().is_some() {
-            Rejection::new(
-                RejectionKind::MethodNotCovered,
-                format!(
-                    "IdempotentTx is used on a {} route, but IdempotencyLayer does not cover {}; \
-                     add it with `IdempotencyLayer::methods`",
-                    parts.method, parts.method
-                ),
-            )
-        } else {
-            Rejection::new(
-                RejectionKind::LayerMissing,
-                "IdempotentTx needs IdempotencyLayer on this route. Is `IdempotencyLayer` enabled?",
-            )
-        };
         // Rendered with the default; the layer (when present) re-renders custom rejections.
-        Err(rejection.problem_response())
+        let state = request_state(parts, "IdempotentTx").map_err(|r| r.problem_response())?;
+        state
+            .claim()
+            .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
+            .await
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotentLease {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let state = request_state(parts, "IdempotentLease").map_err(|r| r.problem_response())?;
+        state
+            .claim_lease()
+            .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
+            .await
     }
 }

@@ -96,14 +96,18 @@ const WAIT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)::text";
 const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
 /// The wait's lock timeout must not apply to the handler's own statements.
 const RESET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout TO DEFAULT";
-const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at > now() \
+const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= now(), state, \
+                      retryable, ceil(extract(epoch FROM locked_until - now()))::int4 \
                       FROM idempotency_records WHERE id = $1";
 /// The savepoint that lets a stored 4xx discard the handler's writes but keep the lock.
 pub(crate) const SAVEPOINT_NAME: &str = "axum_idempotency";
 const SAVEPOINT: &str = "SAVEPOINT axum_idempotency";
 const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT axum_idempotency";
-const DELETE_EXPIRED: &str =
-    "DELETE FROM idempotency_records WHERE id = $1 AND expires_at <= now()";
+/// Removes a record the claim found replaceable (expired, an abandoned lease, a retryable
+/// failure), under the key's lock.
+const DELETE_REPLACEABLE: &str = "DELETE FROM idempotency_records WHERE id = $1 \
+    AND (expires_at <= now() OR (state = 'PROCESSING' AND locked_until <= now()) \
+         OR (state = 'FAILED' AND retryable))";
 const INSERT: &str = "INSERT INTO idempotency_records \
                       (id, scope, idempotency_key, fingerprint, status, headers, body, expires_at) \
                       VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))";
@@ -114,19 +118,68 @@ pub(crate) struct StoredResponse {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
+}
+
+/// A record found for the key.
+#[derive(Debug)]
+pub(crate) struct Existing {
     pub(crate) fingerprint: Fingerprint,
+    /// Past its `expires_at`: treated as absent.
+    pub(crate) expired: bool,
+    pub(crate) kind: ExistingKind,
+}
+
+#[derive(Debug)]
+pub(crate) enum ExistingKind {
+    /// A final response to replay: SUCCESS, or a FAILED lease that is not retryable.
+    Completed(StoredResponse),
+    /// A lease-mode holder is still within its lease; seconds left.
+    Leased { retry_after: u32 },
+    /// Free to be taken over: a lease that ran out, or a retryable failure.
+    Replaceable,
+}
+
+impl Existing {
+    /// Whether a request with `fingerprint` may run in place of this record.
+    pub(crate) fn can_be_replaced_by(&self, fingerprint: Fingerprint) -> bool {
+        self.expired
+            || (matches!(self.kind, ExistingKind::Replaceable) && self.fingerprint == fingerprint)
+    }
+}
+
+fn existing(row: &tokio_postgres::Row) -> Result<Existing, tokio_postgres::Error> {
+    let fingerprint: &[u8] = row.try_get(3)?;
+    let expired: bool = row.try_get(4)?;
+    let state: &str = row.try_get(5)?;
+    let retryable: bool = row.try_get(6)?;
+    let lease_left: Option<i32> = row.try_get(7)?;
+    let kind = match state {
+        "SUCCESS" => ExistingKind::Completed(stored_response(row)?),
+        "FAILED" if !retryable => ExistingKind::Completed(stored_response(row)?),
+        "PROCESSING" if lease_left.is_some_and(|left| left > 0) => ExistingKind::Leased {
+            retry_after: lease_left
+                .and_then(|left| u32::try_from(left).ok())
+                .unwrap_or(1),
+        },
+        _ => ExistingKind::Replaceable,
+    };
+    Ok(Existing {
+        fingerprint: Fingerprint(fingerprint.try_into().unwrap_or([0; 32])),
+        expired,
+        kind,
+    })
 }
 
 /// What the claim found.
 #[derive(Debug)]
 pub(crate) enum Claim {
-    /// The lock is ours and no live record exists: run the handler. `replaces_expired` says
-    /// an expired record for the id is still in the table and must be deleted first.
-    Run { replaces_expired: bool },
+    /// The lock is ours and the key is free: run the handler. `replaces` says a record for
+    /// the id is still in the table (expired, or replaceable) and must be deleted first.
+    Run { replaces: bool },
     /// Another transaction holds the lock: the key is in flight.
     InFlight,
-    /// A live record exists.
-    Completed(StoredResponse),
+    /// A record that this request may not replace.
+    Existing(Existing),
 }
 
 /// Opens the transaction, takes the key's advisory lock and looks the record up — one round
@@ -135,6 +188,7 @@ pub(crate) enum Claim {
 pub(crate) async fn claim(
     client: &ClientWrapper,
     id: RecordId,
+    fingerprint: Fingerprint,
     wait: Option<std::time::Duration>,
 ) -> Result<Claim, tokio_postgres::Error> {
     let lookup = client.prepare_cached(LOOKUP).await?;
@@ -187,37 +241,157 @@ pub(crate) async fn claim(
         }
     };
     debug_assert!(locked);
+    classify(found, fingerprint)
+}
+
+fn classify(
+    found: Option<tokio_postgres::Row>,
+    fingerprint: Fingerprint,
+) -> Result<Claim, tokio_postgres::Error> {
     let Some(row) = found else {
-        return Ok(Claim::Run {
-            replaces_expired: false,
-        });
+        return Ok(Claim::Run { replaces: false });
     };
-    let live: bool = row.try_get(4)?;
-    if !live {
-        return Ok(Claim::Run {
-            replaces_expired: true,
-        });
+    let existing = existing(&row)?;
+    if existing.can_be_replaced_by(fingerprint) {
+        return Ok(Claim::Run { replaces: true });
     }
-    Ok(Claim::Completed(stored_response(&row)?))
+    Ok(Claim::Existing(existing))
 }
 
 /// Looks a record up outside any transaction (after the unique-key backstop fired).
 pub(crate) async fn lookup(
     client: &ClientWrapper,
     id: RecordId,
-) -> Result<Option<StoredResponse>, tokio_postgres::Error> {
+) -> Result<Option<Existing>, tokio_postgres::Error> {
     let lookup = client.prepare_cached(LOOKUP).await?;
     match client.query_opt(&lookup, &[&id]).await? {
-        Some(row) if row.try_get::<_, bool>(4)? => Ok(Some(stored_response(&row)?)),
-        _ => Ok(None),
+        Some(row) => Ok(Some(existing(&row)?).filter(|existing| !existing.expired)),
+        None => Ok(None),
     }
+}
+
+/// Lease mode: take the key by committing a PROCESSING record, or take over one whose
+/// holder's lease ran out (or that failed retryably), with the next fencing token.
+const LEASE_ACQUIRE: &str = "INSERT INTO idempotency_records AS r \
+    (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
+     status, headers, body, expires_at) \
+    VALUES ($1, $2, $3, $4, 'PROCESSING', 1, now() + make_interval(secs => $5), \
+            0, '', '', now() + make_interval(secs => $6)) \
+    ON CONFLICT (id) DO UPDATE SET \
+        state = 'PROCESSING', retryable = false, fencing_token = r.fencing_token + 1, \
+        locked_until = EXCLUDED.locked_until, scope = EXCLUDED.scope, \
+        idempotency_key = EXCLUDED.idempotency_key, fingerprint = EXCLUDED.fingerprint, \
+        status = 0, headers = '', body = '', updated_at = now(), \
+        created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END, \
+        expires_at = EXCLUDED.expires_at \
+    WHERE r.expires_at <= now() \
+       OR (r.fingerprint = EXCLUDED.fingerprint \
+           AND ((r.state = 'PROCESSING' AND r.locked_until <= now()) \
+                OR (r.state = 'FAILED' AND r.retryable))) \
+    RETURNING fencing_token";
+
+/// Lease mode: the holder's completion, fenced by its token.
+const LEASE_COMPLETE: &str = "UPDATE idempotency_records SET \
+        state = $3, retryable = $4, status = $5, headers = $6, body = $7, \
+        locked_until = NULL, updated_at = now(), expires_at = now() + make_interval(secs => $8) \
+    WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING'";
+
+/// What a lease claim found.
+#[derive(Debug)]
+pub(crate) enum LeaseClaim {
+    /// The lease is ours, under this fencing token.
+    Acquired { token: i64 },
+    /// A record this request may not take over.
+    Existing(Existing),
+    /// The record changed between the two statements; try again shortly.
+    Raced,
+}
+
+/// Commits the PROCESSING record (autocommit, one statement) and, pipelined in the same
+/// round trip, reads the record in case the key was not free.
+pub(crate) async fn lease_acquire(
+    client: &ClientWrapper,
+    record: &NewRecord<'_>,
+    lease: std::time::Duration,
+) -> Result<LeaseClaim, tokio_postgres::Error> {
+    let acquire = client.prepare_cached(LEASE_ACQUIRE).await?;
+    let lookup = client.prepare_cached(LOOKUP).await?;
+    let fingerprint = &record.fingerprint.0[..];
+    let (lease, ttl) = (lease.as_secs_f64(), record.ttl.as_secs_f64());
+    let acquire_params: [&(dyn ToSql + Sync); 6] = [
+        &record.id,
+        &record.scope,
+        &record.raw_key,
+        &fingerprint,
+        &lease,
+        &ttl,
+    ];
+    let lookup_params: [&(dyn ToSql + Sync); 1] = [&record.id];
+    let (acquired, found) = tokio::join!(
+        client.query_opt(&acquire, &acquire_params),
+        client.query_opt(&lookup, &lookup_params),
+    );
+    if let Some(row) = acquired? {
+        return Ok(LeaseClaim::Acquired {
+            token: row.try_get(0)?,
+        });
+    }
+    match found? {
+        Some(row) => {
+            let existing = existing(&row)?;
+            if existing.can_be_replaced_by(record.fingerprint) {
+                Ok(LeaseClaim::Raced)
+            } else {
+                Ok(LeaseClaim::Existing(existing))
+            }
+        }
+        None => Ok(LeaseClaim::Raced),
+    }
+}
+
+/// The final state a lease holder writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseEnd {
+    Success,
+    /// Replayed to retries like a success.
+    FinalFailure,
+    /// The next retry runs again.
+    RetryableFailure,
+}
+
+/// Writes the holder's result if its token is still current. `Ok(false)`: the lease was
+/// taken over, and nothing was written.
+pub(crate) async fn lease_complete(
+    client: &ClientWrapper,
+    record: &NewRecord<'_>,
+    token: i64,
+    end: LeaseEnd,
+) -> Result<bool, tokio_postgres::Error> {
+    let complete = client.prepare_cached(LEASE_COMPLETE).await?;
+    let state = match end {
+        LeaseEnd::Success => "SUCCESS",
+        LeaseEnd::FinalFailure | LeaseEnd::RetryableFailure => "FAILED",
+    };
+    let retryable = end == LeaseEnd::RetryableFailure;
+    let status = record.status.as_u16() as i16;
+    let ttl = record.ttl.as_secs_f64();
+    let params: [&(dyn ToSql + Sync); 8] = [
+        &record.id,
+        &token,
+        &state,
+        &retryable,
+        &status,
+        &record.headers,
+        &record.body,
+        &ttl,
+    ];
+    Ok(client.execute(&complete, &params).await? == 1)
 }
 
 fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_postgres::Error> {
     let status: i16 = row.try_get(0)?;
     let headers: &[u8] = row.try_get(1)?;
     let body: Vec<u8> = row.try_get(2)?;
-    let fingerprint: &[u8] = row.try_get(3)?;
     Ok(StoredResponse {
         // A status outside 100..=999 can only come from a hand-edited row.
         status: u16::try_from(status)
@@ -226,7 +400,6 @@ fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_po
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         headers: decode_headers(headers),
         body: Bytes::from(body),
-        fingerprint: Fingerprint(fingerprint.try_into().unwrap_or([0; 32])),
     })
 }
 
@@ -254,22 +427,22 @@ pub(crate) enum CommitError {
 }
 
 /// Inserts the record and commits — one round trip: (rollback to savepoint), (delete the
-/// expired record), insert and COMMIT are pipelined. If any of them fails, PostgreSQL turns
+/// record being replaced), insert and COMMIT are pipelined. If any of them fails, PostgreSQL turns
 /// the COMMIT into a ROLLBACK, so the handler's writes never commit without their record.
 pub(crate) async fn insert_and_commit(
     client: &ClientWrapper,
     record: &NewRecord<'_>,
     discard_handler_writes: bool,
-    replaces_expired: bool,
+    replaces: bool,
 ) -> Result<(), CommitError> {
     let insert = client
         .prepare_cached(INSERT)
         .await
         .map_err(CommitError::Failed)?;
-    let delete = if replaces_expired {
+    let delete = if replaces {
         Some(
             client
-                .prepare_cached(DELETE_EXPIRED)
+                .prepare_cached(DELETE_REPLACEABLE)
                 .await
                 .map_err(CommitError::Failed)?,
         )

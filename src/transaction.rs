@@ -295,6 +295,27 @@ impl IdempotentTx {
         .await
     }
 
+    /// A stable key for one downstream effect of this operation: the same on every retry of
+    /// the same request (or redelivery of the same message), different for every `label`.
+    /// Send it as the `Idempotency-Key` of a downstream HTTP call or as the id of a message
+    /// you publish, so that the whole chain — not only this transaction — takes effect once.
+    ///
+    /// ```no_run
+    /// # async fn handler(tx: axum_idempotency::IdempotentTx) -> Result<(), axum_idempotency::Error> {
+    /// let coupon_request_id = tx.derive_key("coupon");
+    /// // Record the intent in the same transaction; a relay sends it after the commit,
+    /// // with `Idempotency-Key: {coupon_request_id}`.
+    /// tx.execute(
+    ///     "INSERT INTO outbox (message_id, topic) VALUES ($1, 'grant-coupon')",
+    ///     &[&coupon_request_id],
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn derive_key(&self, label: &str) -> String {
+        crate::key::derive_key(self.shared.id, label)
+    }
+
     /// Prepares a statement once per pooled connection and returns the cached copy after
     /// that. See [`deadpool_postgres::ClientWrapper::prepare_cached`].
     pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {

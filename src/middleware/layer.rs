@@ -246,6 +246,14 @@ impl IdempotencyLayer {
         self.with(|c| c.store_raw_key = enabled)
     }
 
+    /// How long a lease-mode claim ([`IdempotentLease`](crate::IdempotentLease)) holds the
+    /// key. Duplicates get 409 until then; after it, a retry takes the key over. Choose it
+    /// longer than the handler's slowest run. Default: 30 seconds.
+    #[must_use]
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|c| c.lease = lease)
+    }
+
     /// Waits for the requests still finishing after their clients went away (see
     /// [`finish_on_disconnect`](Self::finish_on_disconnect)). Call it after the server has
     /// shut down, before the process exits.

@@ -13,12 +13,14 @@ use futures_util::FutureExt;
 use http::{Request, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use tower_service::Service;
+use tracing::Instrument;
 
 use super::{IdempotencyLayer, ResponseFuture};
 use crate::config::Config;
 use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
 use crate::rejection::{Rejection, RejectionKind, finalize};
 use crate::request::{Idempotent, KeyInvalid, KeyMissing, MethodNotCovered, RequestState};
+use crate::telemetry::{self, RequestOutcome};
 
 /// The middleware built by [`IdempotencyLayer`].
 #[derive(Clone, Debug)]
@@ -129,6 +131,7 @@ where
     let body = match buffer_body(&config, &parts.headers, body).await {
         Ok(body) => body,
         Err(rejection) => {
+            telemetry::request(RequestOutcome::BodyRejected);
             return Ok(finalize(
                 rejection.problem_response(),
                 config.on_rejection.as_ref(),
@@ -187,8 +190,12 @@ where
     ResBody::Error: Into<axum::BoxError>,
 {
     let deadline = state.config.handler_timeout;
+    let span = tracing::debug_span!("idempotency.handler", record = %state.id);
     let work = async {
-        match AssertUnwindSafe(handler).catch_unwind().await {
+        match AssertUnwindSafe(handler.instrument(span))
+            .catch_unwind()
+            .await
+        {
             Ok(Ok(response)) => Ok(Ok(state.complete(response).await)),
             Ok(Err(e)) => Ok(Err(e)),
             Err(panic) => Err(panic),

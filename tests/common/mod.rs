@@ -77,7 +77,8 @@ pub fn pool_for(schema: &str, max_size: usize) -> Pool {
 }
 
 impl TestDb {
-    pub async fn new(pool_size: usize) -> Self {
+    /// An empty schema: nothing migrated, no tables.
+    pub async fn bare(pool_size: usize) -> Self {
         let schema = unique_name("axi");
         let admin = connect(&database_url()).await;
         admin
@@ -85,8 +86,18 @@ impl TestDb {
             .await
             .unwrap();
         let pool = pool_for(&schema, pool_size);
-        axum_idempotency::migrate(&pool).await.unwrap();
-        let client = pool.get().await.unwrap();
+        Self {
+            schema,
+            pool,
+            admin,
+        }
+    }
+
+    /// A migrated schema with the test tables (`orders`, `parents`, `children`).
+    pub async fn new(pool_size: usize) -> Self {
+        let db = Self::bare(pool_size).await;
+        axum_idempotency::migrate(&db.pool).await.unwrap();
+        let client = db.pool.get().await.unwrap();
         client
             .batch_execute(
                 "CREATE TABLE orders (
@@ -102,11 +113,7 @@ impl TestDb {
             .await
             .unwrap();
         drop(client);
-        Self {
-            schema,
-            pool,
-            admin,
-        }
+        db
     }
 
     /// Runs a scalar query (qualified with this test's schema by search_path).

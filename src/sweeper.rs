@@ -1,0 +1,396 @@
+//! The sweeper: purges expired records and watches for leases that outlived their holder.
+//!
+//! Records are kept past their `expires_at` only as long as the retention for their state
+//! says — successes briefly, failures longer, for troubleshooting — and then deleted in
+//! bounded batches. Each batch is one autocommit statement that locks its rows with
+//! `FOR UPDATE SKIP LOCKED`, so a batch never waits for a row a live request holds, and
+//! several instances sweeping at once split the work instead of repeating or deadlocking
+//! on it.
+//!
+//! After purging, the sweeper reports PROCESSING records whose lease has lapsed — a holder
+//! that crashed, or one that is far slower than its lease — and can mark them FAILED and
+//! retryable, so the next retry of the key runs again instead of waiting for the lease
+//! takeover.
+//!
+//! The metrics it emits are listed on [`Sweeper`].
+//!
+//! # Example
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use axum_idempotency::Sweeper;
+//!
+//! # async fn run(pool: deadpool_postgres::Pool) {
+//! let sweeper = Sweeper::new(pool)
+//!     .interval(Duration::from_secs(300))
+//!     .failure_retention(Duration::from_secs(14 * 24 * 3600))
+//!     .mark_stale_failed_after(Duration::from_secs(600))
+//!     .spawn();
+//!
+//! // ... serve until told to stop ...
+//!
+//! sweeper.shutdown().await;
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+use tokio_postgres::types::ToSql;
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::key::hex;
+use crate::telemetry;
+
+/// Pause between two batches, so a long purge leaves room for live traffic.
+const BATCH_PAUSE: Duration = Duration::from_millis(5);
+/// Record ids named in the stale-lease warning.
+const STALE_IDS_LOGGED: i64 = 10;
+
+/// Expired records past their state's retention. `$1` success grace, `$2` failure retention
+/// (seconds), `$3` the smaller of the two (lets the `expires_at` index narrow the scan),
+/// `$4` batch size. A PROCESSING record goes only once its lease has lapsed too, and is kept
+/// as long as a failure: it is an attempt that never finished.
+const PURGE_RECORDS: &str = "DELETE FROM idempotency_records WHERE id IN ( \
+    SELECT id FROM idempotency_records \
+    WHERE expires_at <= now() - make_interval(secs => $3) \
+      AND CASE state \
+          WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
+          ELSE expires_at <= now() - make_interval(secs => $2) \
+               AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= now()) \
+          END \
+    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+
+/// Expired inbox records, with the same parameters as [`PURGE_RECORDS`].
+const PURGE_MESSAGES: &str = "DELETE FROM inbox_messages \
+    WHERE (consumer_group, message_id) IN ( \
+    SELECT consumer_group, message_id FROM inbox_messages \
+    WHERE expires_at <= now() - make_interval(secs => $3) \
+      AND CASE status \
+          WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
+          ELSE expires_at <= now() - make_interval(secs => $2) \
+          END \
+    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+
+/// Count of PROCESSING records past their lease, and seconds since the oldest lease ended.
+const STALE_SUMMARY: &str = "SELECT count(*), \
+    extract(epoch FROM now() - min(locked_until))::float8 \
+    FROM idempotency_records WHERE state = 'PROCESSING' AND locked_until < now()";
+
+/// The ids of the stalest records, for the log. `$1` how many.
+const STALE_IDS: &str = "SELECT uuid_send(id) FROM idempotency_records \
+    WHERE state = 'PROCESSING' AND locked_until < now() \
+    ORDER BY locked_until LIMIT $1";
+
+/// Marks records whose lease ended more than `$1` seconds ago FAILED and retryable, `$2` at
+/// a time. A holder that comes back later finds its fenced completion refused.
+const MARK_STALE_FAILED: &str = "UPDATE idempotency_records \
+    SET state = 'FAILED', retryable = true, locked_until = NULL, updated_at = now() \
+    WHERE state = 'PROCESSING' AND id IN ( \
+    SELECT id FROM idempotency_records \
+    WHERE state = 'PROCESSING' AND locked_until < now() - make_interval(secs => $1) \
+    LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// Purges expired idempotency and inbox records and reports stale leases, once or on a
+/// timer.
+///
+/// Cloning is cheap (one `Arc`). Several application instances can run a sweeper against
+/// the same database at once: batches lock with `SKIP LOCKED`, so they split the rows
+/// between them and never wait for each other or for live requests.
+///
+/// Defaults: every 60 s, 1000 rows a batch, SUCCESS records deleted as soon as they
+/// expire, FAILED records kept 7 days past expiry, stale PROCESSING records reported but
+/// not changed.
+///
+/// # Metrics
+///
+/// Emitted through the `metrics` facade on every run:
+///
+/// | name | kind | labels | meaning |
+/// | --- | --- | --- | --- |
+/// | `idempotency_purged_total` | counter | `table` = `idempotency_records` or `inbox_messages` | rows deleted |
+/// | `idempotency_stale_processing` | gauge | | PROCESSING records past their lease |
+/// | `idempotency_stale_processing_oldest_seconds` | gauge | | how long ago the oldest of them lost its lease (0 when none) |
+/// | `idempotency_stale_marked_failed_total` | counter | | stale records marked FAILED and retryable |
+///
+/// # Example
+///
+/// ```no_run
+/// use std::time::Duration;
+///
+/// use axum_idempotency::Sweeper;
+///
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), axum_idempotency::Error> {
+/// // Defaults, one run now:
+/// let report = Sweeper::new(pool.clone()).run_once().await?;
+/// println!("purged {} records", report.purged_records);
+///
+/// // Customised, in the background:
+/// let handle = Sweeper::new(pool)
+///     .interval(Duration::from_secs(30))
+///     .batch_size(500)
+///     .success_grace(Duration::from_secs(3600))
+///     .failure_retention(Duration::from_secs(30 * 24 * 3600))
+///     .mark_stale_failed_after(Duration::from_secs(300))
+///     .spawn();
+///
+/// // ... serve until told to stop ...
+///
+/// handle.shutdown().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Sweeper {
+    config: Arc<SweeperConfig>,
+}
+
+#[derive(Clone, Debug)]
+struct SweeperConfig {
+    pool: Pool,
+    interval: Duration,
+    batch_size: u32,
+    success_grace: Duration,
+    failure_retention: Duration,
+    mark_stale_failed_after: Option<Duration>,
+}
+
+/// What one [`Sweeper::run_once`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SweepReport {
+    /// Rows deleted from `idempotency_records`.
+    pub purged_records: u64,
+    /// Rows deleted from `inbox_messages`.
+    pub purged_messages: u64,
+    /// PROCESSING records past their lease, counted before any was marked FAILED.
+    pub stale_processing: u64,
+    /// How long ago the oldest of them lost its lease.
+    pub oldest_stale: Option<Duration>,
+    /// Stale records this run marked FAILED and retryable.
+    pub marked_failed: u64,
+}
+
+impl Sweeper {
+    /// A sweeper over the crate's tables in `pool`'s database, with the defaults above.
+    pub fn new(pool: Pool) -> Self {
+        Self {
+            config: Arc::new(SweeperConfig {
+                pool,
+                interval: Duration::from_secs(60),
+                batch_size: 1000,
+                success_grace: Duration::ZERO,
+                failure_retention: Duration::from_secs(7 * 24 * 3600),
+                mark_stale_failed_after: None,
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut SweeperConfig)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// Time between two runs of a [`spawn`](Self::spawn)ed sweeper; the first run starts at
+    /// once. A run that overruns delays the next one rather than stacking.
+    ///
+    /// Default: 60 s. A zero interval is raised to 1 ms.
+    #[must_use]
+    pub fn interval(self, interval: Duration) -> Self {
+        self.with(|c| c.interval = interval.max(Duration::from_millis(1)))
+    }
+
+    /// Rows deleted (or marked) by one statement. Smaller batches hold their row locks for
+    /// less time; larger ones finish a big backlog sooner.
+    ///
+    /// Default: 1000. Zero is raised to 1.
+    #[must_use]
+    pub fn batch_size(self, rows: u32) -> Self {
+        self.with(|c| c.batch_size = rows.max(1))
+    }
+
+    /// How long a SUCCESS record (HTTP or inbox) is kept past its `expires_at`. An expired
+    /// record is already ignored by lookups, so this is for inspection only.
+    ///
+    /// Default: zero — deleted as soon as it expires.
+    #[must_use]
+    pub fn success_grace(self, grace: Duration) -> Self {
+        self.with(|c| c.success_grace = grace)
+    }
+
+    /// How long a FAILED record (HTTP or inbox), or an abandoned PROCESSING one, is kept past
+    /// its `expires_at`, so failures can still be looked into after the key could be reused.
+    ///
+    /// Default: 7 days.
+    #[must_use]
+    pub fn failure_retention(self, retention: Duration) -> Self {
+        self.with(|c| c.failure_retention = retention)
+    }
+
+    /// Marks PROCESSING records whose lease ended more than `after` ago FAILED and
+    /// retryable. The next retry of such a key runs the handler again, and the lost holder,
+    /// should it come back, has its fenced completion refused.
+    ///
+    /// Default: off — stale records are reported (log and metrics), never changed.
+    #[must_use]
+    pub fn mark_stale_failed_after(self, after: Duration) -> Self {
+        self.with(|c| c.mark_stale_failed_after = Some(after))
+    }
+
+    /// Runs one sweep: purges expired records of both tables batch by batch, reports the
+    /// PROCESSING records past their lease (metrics, and a warning naming up to ten record
+    /// ids, never keys), then marks them failed if configured.
+    ///
+    /// Every batch is its own autocommit statement, so an error or a cancelled future
+    /// leaves no batch half done; the next run continues where this one stopped.
+    pub async fn run_once(&self) -> Result<SweepReport, Error> {
+        let config = &*self.config;
+        let success = config.success_grace.as_secs_f64();
+        let failure = config.failure_retention.as_secs_f64();
+        let earliest = success.min(failure);
+        let limit = i64::from(config.batch_size);
+        let purge_params: [&(dyn ToSql + Sync); 4] = [&success, &failure, &earliest, &limit];
+
+        let purged_records = self.batches(PURGE_RECORDS, &purge_params).await?;
+        telemetry::purged("idempotency_records", purged_records);
+        let purged_messages = self.batches(PURGE_MESSAGES, &purge_params).await?;
+        telemetry::purged("inbox_messages", purged_messages);
+
+        let (stale_processing, oldest_stale) = self.report_stale().await?;
+
+        let marked_failed = match config.mark_stale_failed_after {
+            Some(after) if stale_processing > 0 => {
+                let after = after.as_secs_f64();
+                let marked = self.batches(MARK_STALE_FAILED, &[&after, &limit]).await?;
+                telemetry::stale_marked_failed(marked);
+                if marked > 0 {
+                    tracing::info!(marked, "marked stale PROCESSING records FAILED (retryable)");
+                }
+                marked
+            }
+            _ => 0,
+        };
+
+        let report = SweepReport {
+            purged_records,
+            purged_messages,
+            stale_processing,
+            oldest_stale,
+            marked_failed,
+        };
+        tracing::debug!(?report, "sweep finished");
+        Ok(report)
+    }
+
+    /// Runs a batched statement until a batch affects fewer rows than the batch size.
+    async fn batches(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+        let batch_size = u64::from(self.config.batch_size);
+        let mut total = 0;
+        loop {
+            // A connection per batch: none is held back from the pool during the pause.
+            let client = self.config.pool.get().await?;
+            let statement = client.prepare_cached(sql).await?;
+            let affected = client.execute(&statement, params).await?;
+            drop(client);
+            total += affected;
+            if affected < batch_size {
+                return Ok(total);
+            }
+            tokio::time::sleep(BATCH_PAUSE).await;
+        }
+    }
+
+    /// Counts PROCESSING records past their lease, sets the gauges and logs the stalest ids.
+    async fn report_stale(&self) -> Result<(u64, Option<Duration>), Error> {
+        let client = self.config.pool.get().await?;
+        let summary = client.prepare_cached(STALE_SUMMARY).await?;
+        let row = client.query_one(&summary, &[]).await?;
+        let count: i64 = row.try_get(0)?;
+        let oldest: Option<f64> = row.try_get(1)?;
+        let count = u64::try_from(count).unwrap_or(0);
+        let oldest = oldest.map(|secs| Duration::try_from_secs_f64(secs).unwrap_or_default());
+        telemetry::stale_processing(count, oldest);
+        if count > 0 {
+            let ids = client.prepare_cached(STALE_IDS).await?;
+            let rows = client.query(&ids, &[&STALE_IDS_LOGGED]).await?;
+            let ids = rows
+                .iter()
+                .map(|row| {
+                    let id: &[u8] = row.try_get(0)?;
+                    // The same short form as the record id in the layer's spans.
+                    Ok(hex(&id[..id.len().min(8)]))
+                })
+                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+            tracing::warn!(
+                count,
+                oldest_seconds = oldest.map_or(0, |age| age.as_secs()),
+                records = %ids.join(","),
+                "PROCESSING idempotency records past their lease: \
+                 their holders crashed or are far slower than the lease"
+            );
+        }
+        Ok((count, oldest))
+    }
+
+    /// Runs [`run_once`](Self::run_once) now and then every [`interval`](Self::interval) on
+    /// a tokio task, until [`SweeperHandle::shutdown`]. A failed run is logged and the next
+    /// one goes ahead on schedule.
+    ///
+    /// Must be called within a tokio runtime. Dropping the handle detaches the task; it then
+    /// runs until the runtime shuts down.
+    #[must_use = "dropping the handle leaves the sweeper running with no way to stop it"]
+    pub fn spawn(self) -> SweeperHandle {
+        let token = CancellationToken::new();
+        let stop = token.clone();
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(self.config.interval);
+            ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    _ = ticks.tick() => {}
+                }
+                // A run cut short by shutdown stops between (or inside) single autocommit
+                // statements: nothing is left half done.
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => return,
+                    result = self.run_once() => {
+                        if let Err(error) = result {
+                            tracing::error!(
+                                error = &error as &dyn std::error::Error,
+                                "idempotency sweep failed"
+                            );
+                        }
+                    }
+                }
+            }
+        });
+        SweeperHandle { token, task }
+    }
+}
+
+/// Controls a [`Sweeper::spawn`]ed task.
+#[derive(Debug)]
+pub struct SweeperHandle {
+    token: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl SweeperHandle {
+    /// Stops the sweeper and waits for its task to end. A run in progress is abandoned
+    /// between statements; every finished batch stays done.
+    pub async fn shutdown(self) {
+        self.token.cancel();
+        if let Err(error) = self.task.await {
+            if error.is_panic() {
+                std::panic::resume_unwind(error.into_panic());
+            }
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Metric names and recording helpers. Every metric goes through the `metrics` facade, so
+//! any exporter the application installs (Prometheus, StatsD, …) receives them; without
+//! one they cost next to nothing.
+//!
+//! | name | type | labels | meaning |
+//! |---|---|---|---|
+//! | `idempotency_requests_total` | counter | `outcome` | keyed HTTP requests by outcome: `executed`, `replayed`, `in_flight`, `payload_mismatch`, `missing_key`, `invalid_key`, `rolled_back`, `store_error`, `lease_lost`, `body_rejected` |
+//! | `idempotency_inbox_messages_total` | counter | `outcome` | messages by outcome: `processed`, `duplicate`, `failed`, `gave_up`, `busy` |
+//! | `idempotency_retry_success_total` | counter | `kind` (`inbox`, `lease`) | work that succeeded after an earlier failed attempt |
+//! | `idempotency_unique_conflicts_total` | counter | | concurrent inserts caught by the primary-key backstop |
+//! | `idempotency_lease_takeovers_total` | counter | | leases taken over after their holder's lease ran out or failed retryably |
+//! | `idempotency_claim_seconds` | histogram | `mode` (`atomic`, `lease`, `inbox`) | time to claim a key (checkout, lock, lookup) |
+//! | `idempotency_commit_seconds` | histogram | `mode` | time to store the record and commit |
+//! | `idempotency_stale_processing` | gauge | | PROCESSING records past their lease (set by the sweeper) |
+//! | `idempotency_stale_processing_oldest_seconds` | gauge | | how long the oldest of them is past its lease |
+//! | `idempotency_purged_total` | counter | `table` | records purged by the sweeper |
+//! | `idempotency_stale_marked_failed_total` | counter | | stale PROCESSING records the sweeper marked FAILED |
+
+use std::time::{Duration, Instant};
+
+pub(crate) const REQUESTS: &str = "idempotency_requests_total";
+pub(crate) const INBOX_MESSAGES: &str = "idempotency_inbox_messages_total";
+pub(crate) const RETRY_SUCCESS: &str = "idempotency_retry_success_total";
+pub(crate) const UNIQUE_CONFLICTS: &str = "idempotency_unique_conflicts_total";
+pub(crate) const LEASE_TAKEOVERS: &str = "idempotency_lease_takeovers_total";
+pub(crate) const CLAIM_SECONDS: &str = "idempotency_claim_seconds";
+pub(crate) const COMMIT_SECONDS: &str = "idempotency_commit_seconds";
+pub(crate) const PURGED: &str = "idempotency_purged_total";
+pub(crate) const STALE_PROCESSING: &str = "idempotency_stale_processing";
+pub(crate) const STALE_OLDEST_SECONDS: &str = "idempotency_stale_processing_oldest_seconds";
+pub(crate) const STALE_MARKED_FAILED: &str = "idempotency_stale_marked_failed_total";
+
+/// Outcome of a keyed HTTP request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RequestOutcome {
+    Executed,
+    Replayed,
+    InFlight,
+    PayloadMismatch,
+    MissingKey,
+    InvalidKey,
+    RolledBack,
+    StoreError,
+    LeaseLost,
+    BodyRejected,
+}
+
+impl RequestOutcome {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::Replayed => "replayed",
+            Self::InFlight => "in_flight",
+            Self::PayloadMismatch => "payload_mismatch",
+            Self::MissingKey => "missing_key",
+            Self::InvalidKey => "invalid_key",
+            Self::RolledBack => "rolled_back",
+            Self::StoreError => "store_error",
+            Self::LeaseLost => "lease_lost",
+            Self::BodyRejected => "body_rejected",
+        }
+    }
+}
+
+pub(crate) fn request(outcome: RequestOutcome) {
+    metrics::counter!(REQUESTS, "outcome" => outcome.label()).increment(1);
+}
+
+pub(crate) fn inbox_message(outcome: &'static str) {
+    metrics::counter!(INBOX_MESSAGES, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn retry_success(kind: &'static str) {
+    metrics::counter!(RETRY_SUCCESS, "kind" => kind).increment(1);
+}
+
+pub(crate) fn unique_conflict() {
+    metrics::counter!(UNIQUE_CONFLICTS).increment(1);
+}
+
+pub(crate) fn lease_takeover() {
+    metrics::counter!(LEASE_TAKEOVERS).increment(1);
+}
+
+pub(crate) fn claim_time(mode: &'static str, started: Instant) {
+    metrics::histogram!(CLAIM_SECONDS, "mode" => mode).record(started.elapsed().as_secs_f64());
+}
+
+pub(crate) fn commit_time(mode: &'static str, started: Instant) {
+    metrics::histogram!(COMMIT_SECONDS, "mode" => mode).record(started.elapsed().as_secs_f64());
+}
+
+pub(crate) fn purged(table: &'static str, rows: u64) {
+    metrics::counter!(PURGED, "table" => table).increment(rows);
+}
+
+pub(crate) fn stale_processing(count: u64, oldest: Option<Duration>) {
+    metrics::gauge!(STALE_PROCESSING).set(count as f64);
+    metrics::gauge!(STALE_OLDEST_SECONDS).set(oldest.map_or(0.0, |age| age.as_secs_f64()));
+}
+
+pub(crate) fn stale_marked_failed(rows: u64) {
+    metrics::counter!(STALE_MARKED_FAILED).increment(rows);
+}

@@ -1,0 +1,173 @@
+//! The orders example as a user runs it: a child process on an ephemeral port, driven over
+//! real HTTP, its `/metrics` read back.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+/// `target/<profile>/examples/orders`, built if `cargo test` has not built it yet.
+fn example_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let binary = profile_dir.join("examples").join("orders");
+    if !binary.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--example", "orders"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "building the orders example failed");
+    }
+    binary
+}
+
+/// Starts the example in the test's schema and returns it with the address it printed.
+async fn start_example(db: &TestDb) -> (Child, String) {
+    let url = format!(
+        "{}?options=-c%20search_path%3D{}",
+        database_url(),
+        db.schema
+    );
+    let mut child = Command::new(example_binary())
+        .env("DATABASE_URL", url)
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some((_, addr)) = line.split_once("listening on http://") {
+                return addr.trim().to_owned();
+            }
+        }
+        panic!("the example exited before serving");
+    })
+    .await
+    .expect("the example did not start in 30 s");
+    // Keep draining its output, so it never writes into a closed pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+/// One HTTP/1.1 exchange; returns status and body.
+async fn http(addr: &str, request: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response[9..12].parse().unwrap();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+fn post_order(key: &str, amount: i64) -> String {
+    let body = format!(r#"{{"user_id": 1001, "amount": {amount}}}"#);
+    format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nconnection: close\r\nidempotency-key: {key}\r\n\
+         x-user-id: 1001\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn metric(text: &str, outcome: &str) -> u64 {
+    let prefix = format!("idempotency_requests_total{{outcome=\"{outcome}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_example_serves_idempotent_orders_and_metrics() {
+    let db = TestDb::bare(1).await;
+    let (mut child, addr) = start_example(&db).await;
+
+    let (status, first) = http(&addr, &post_order("ex-1", 299)).await;
+    assert_eq!(status, 201, "{first}");
+    let order: serde_json::Value = serde_json::from_str(&first).unwrap();
+    assert_eq!(order["amount"], 299);
+    let (status, replay) = http(&addr, &post_order("ex-1", 299)).await;
+    assert_eq!((status, replay.as_str()), (201, first.as_str()));
+    let (status, _) = http(&addr, &post_order("ex-1", 300)).await;
+    assert_eq!(status, 422);
+    let (status, _) = http(&addr, &post_order("ex-2", 0)).await;
+    assert_eq!(
+        status, 422,
+        "a non-positive amount is refused by the handler"
+    );
+    let order_no = order["order_no"].as_str().unwrap();
+    let (status, fetched) = http(
+        &addr,
+        &format!("GET /orders/{order_no} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n"),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(fetched, first);
+
+    // Hold the orders table so a first request waits inside its handler; a duplicate
+    // then finds the key in flight.
+    let blocker = connect(&database_url()).await;
+    blocker
+        .batch_execute(&format!(
+            "BEGIN; LOCK TABLE {}.orders IN EXCLUSIVE MODE",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    let pending = tokio::spawn({
+        let addr = addr.clone();
+        async move { http(&addr, &post_order("ex-3", 5)).await }
+    });
+    // Wait until the first request is inside its handler, queued behind the lock.
+    let waiting = format!(
+        "SELECT count(*) FROM pg_locks WHERE relation = '{}.orders'::regclass AND NOT granted",
+        db.schema
+    );
+    for _ in 0..200 {
+        let count: i64 = db.admin.query_one(&waiting, &[]).await.unwrap().get(0);
+        if count > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (conflict, _) = http(&addr, &post_order("ex-3", 5)).await;
+    assert_eq!(conflict, 409);
+    blocker.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(pending.await.unwrap().0, 201);
+
+    let (status, text) = http(
+        &addr,
+        "GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(metric(&text, "executed"), 3, "{text}"); // ex-1, ex-2 (stored 422), ex-3
+    assert_eq!(metric(&text, "replayed"), 1, "{text}");
+    assert_eq!(metric(&text, "payload_mismatch"), 1, "{text}");
+    assert!(metric(&text, "in_flight") >= 1, "{text}");
+    assert!(text.contains("idempotency_claim_seconds"), "{text}");
+    assert!(text.contains("idempotency_commit_seconds"), "{text}");
+
+    // SIGTERM: the example stops cleanly.
+    let pid = child.id().unwrap();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+}

@@ -1,0 +1,385 @@
+//! Lease mode (side effects outside the database) and derived keys, against real PostgreSQL.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox};
+use common::*;
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, Semaphore};
+use tower::ServiceExt;
+
+/// What the handlers saw, shared with the test.
+struct Seen {
+    calls: AtomicUsize,
+    started: Semaphore,
+    /// When set, the first call waits for a permit before answering.
+    first_waits: Option<Arc<Semaphore>>,
+    derived: Mutex<Vec<String>>,
+}
+
+impl Seen {
+    fn new(first_waits: Option<Arc<Semaphore>>) -> Arc<Self> {
+        Arc::new(Self {
+            calls: AtomicUsize::new(0),
+            started: Semaphore::new(0),
+            first_waits,
+            derived: Mutex::new(Vec::new()),
+        })
+    }
+
+    async fn wait_started(&self) {
+        tokio::time::timeout(Duration::from_secs(10), self.started.acquire())
+            .await
+            .unwrap()
+            .unwrap()
+            .forget();
+    }
+}
+
+/// A payment call: the side effect is outside the database.
+async fn charge(
+    State(seen): State<Arc<Seen>>,
+    lease: IdempotentLease,
+    Json(body): Json<Value>,
+) -> Response {
+    let attempt = seen.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.derived.lock().await.push(lease.derive_key("charge"));
+    seen.started.add_permits(1);
+    if attempt == 1 {
+        if let Some(gate) = &seen.first_waits {
+            gate.acquire().await.unwrap().forget();
+        }
+    }
+    if body["hang"].as_bool() == Some(true) && attempt == 1 {
+        std::future::pending::<()>().await;
+    }
+    if body["panic_first"].as_bool() == Some(true) && attempt == 1 {
+        panic!("gateway client bug");
+    }
+    let status = match (body["fail_first"].as_u64(), attempt) {
+        (Some(code), 1) => StatusCode::from_u16(code as u16).unwrap(),
+        _ => StatusCode::CREATED,
+    };
+    let answer = json!({"attempt": attempt, "token": lease.fencing_token()});
+    (status, Json(answer)).into_response()
+}
+
+/// An atomic handler that records its derived key and fails the first time.
+async fn order(
+    State(seen): State<Arc<Seen>>,
+    tx: IdempotentTx,
+    Json(_): Json<Value>,
+) -> StatusCode {
+    let attempt = seen.calls.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.derived.lock().await.push(tx.derive_key("coupon"));
+    seen.derived.lock().await.push(tx.derive_key("email"));
+    if attempt == 1 {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::CREATED
+    }
+}
+
+fn app(
+    db: &TestDb,
+    seen: &Arc<Seen>,
+    layer: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+) -> Router {
+    Router::new()
+        .route("/charges", post(charge))
+        .route("/orders", post(order))
+        .layer(layer(IdempotencyLayer::new(db.pool.clone())))
+        .with_state(Arc::clone(seen))
+}
+
+async fn record(db: &TestDb) -> (String, bool, i64, i16, bool) {
+    let row = db
+        .admin
+        .query_one(
+            &format!(
+                "SELECT state, retryable, fencing_token, status, locked_until > now() IS TRUE \
+                 FROM {}.idempotency_records",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+}
+
+#[tokio::test]
+async fn lease_commits_processing_first_and_success_after() {
+    let db = TestDb::new(2).await;
+    let seen = Seen::new(None);
+    let app = app(&db, &seen, |l| l);
+    let answer = send(
+        &app,
+        post_json("/charges", Some("pay-1"), &json!({"amount": 10})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    assert_eq!(answer.json()["token"], 1);
+    assert_eq!(
+        record(&db).await,
+        ("SUCCESS".to_owned(), false, 1, 201, false)
+    );
+    let retry = send(
+        &app,
+        post_json("/charges", Some("pay-1"), &json!({"amount": 10})),
+    )
+    .await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, answer.body);
+    let other = send(
+        &app,
+        post_json("/charges", Some("pay-1"), &json!({"amount": 11})),
+    )
+    .await;
+    assert_eq!(other.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_during_the_lease_gets_409() {
+    let db = TestDb::new(2).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let seen = Seen::new(Some(Arc::clone(&gate)));
+    let app = app(&db, &seen, |l| l.lease(Duration::from_secs(30)));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, post_json("/charges", Some("pay-2"), &json!({}))).await }
+    });
+    seen.wait_started().await;
+    // The claim committed at once: PROCESSING is visible to everyone, with a live lease.
+    assert_eq!(
+        record(&db).await,
+        ("PROCESSING".to_owned(), false, 1, 0, true)
+    );
+
+    let duplicate = send(&app, post_json("/charges", Some("pay-2"), &json!({}))).await;
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    assert_eq!(duplicate.problem_code(), "in_flight");
+    let retry_after: u32 = duplicate.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (25..=30).contains(&retry_after),
+        "Retry-After follows the lease: {retry_after}"
+    );
+
+    gate.add_permits(1);
+    assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+    assert!(
+        send(&app, post_json("/charges", Some("pay-2"), &json!({})))
+            .await
+            .replayed()
+    );
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holder_is_taken_over_after_its_lease_expires() {
+    let db = TestDb::new(2).await;
+    let seen = Seen::new(None);
+    let app = app(&db, &seen, |l| {
+        l.lease(Duration::from_secs(1)).finish_on_disconnect(false)
+    });
+    let crashed = tokio::spawn(app.clone().oneshot(post_json(
+        "/charges",
+        Some("pay-3"),
+        &json!({"hang": true}),
+    )));
+    seen.wait_started().await;
+    crashed.abort(); // the holder dies without finishing
+    let early = send(
+        &app,
+        post_json("/charges", Some("pay-3"), &json!({"hang": true})),
+    )
+    .await;
+    assert_eq!(early.status, StatusCode::CONFLICT, "the lease still holds");
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let retry = send(
+        &app,
+        post_json("/charges", Some("pay-3"), &json!({"hang": true})),
+    )
+    .await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert_eq!(retry.json(), json!({"attempt": 2, "token": 2}));
+    assert_eq!(
+        record(&db).await,
+        ("SUCCESS".to_owned(), false, 2, 201, false)
+    );
+    let derived = seen.derived.lock().await.clone();
+    assert_eq!(derived.len(), 2);
+    assert_eq!(
+        derived[0], derived[1],
+        "the downstream key is the same on the takeover"
+    );
+    assert!(
+        send(
+            &app,
+            post_json("/charges", Some("pay-3"), &json!({"hang": true}))
+        )
+        .await
+        .replayed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_holder_cannot_overwrite_the_newer_result() {
+    let db = TestDb::new(4).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let seen = Seen::new(Some(Arc::clone(&gate)));
+    let app = app(&db, &seen, |l| l.lease(Duration::from_secs(1)));
+    let slow = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, post_json("/charges", Some("pay-4"), &json!({}))).await }
+    });
+    seen.wait_started().await;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    let takeover = send(&app, post_json("/charges", Some("pay-4"), &json!({}))).await;
+    assert_eq!(takeover.status, StatusCode::CREATED);
+    assert_eq!(takeover.json(), json!({"attempt": 2, "token": 2}));
+
+    gate.add_permits(1);
+    let slow = slow.await.unwrap();
+    assert_eq!(slow.status, StatusCode::CONFLICT);
+    assert_eq!(slow.problem_code(), "lease_lost");
+    let stored = send(&app, post_json("/charges", Some("pay-4"), &json!({}))).await;
+    assert!(stored.replayed());
+    assert_eq!(stored.body, takeover.body, "the newer result stands");
+    assert_eq!(
+        record(&db).await,
+        ("SUCCESS".to_owned(), false, 2, 201, false)
+    );
+}
+
+#[tokio::test]
+async fn final_failures_replay_and_retryable_failures_run_again() {
+    let db = TestDb::new(2).await;
+    let seen = Seen::new(None);
+    let app = app(&db, &seen, |l| l);
+    // A deterministic 422: FAILED, not retryable, replayed.
+    let rejected = send(
+        &app,
+        post_json("/charges", Some("pay-5"), &json!({"fail_first": 422})),
+    )
+    .await;
+    assert_eq!(rejected.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        record(&db).await,
+        ("FAILED".to_owned(), false, 1, 422, false)
+    );
+    let again = send(
+        &app,
+        post_json("/charges", Some("pay-5"), &json!({"fail_first": 422})),
+    )
+    .await;
+    assert!(again.replayed());
+    assert_eq!(again.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn retryable_failures_and_panics_let_the_retry_take_over() {
+    for (key, body) in [
+        ("pay-6", json!({"fail_first": 503})),
+        ("pay-7", json!({"panic_first": true})),
+    ] {
+        let db = TestDb::new(2).await;
+        let seen = Seen::new(None);
+        let app = app(&db, &seen, |l| l);
+        let failed = send(&app, post_json("/charges", Some(key), &body)).await;
+        assert!(failed.status.is_server_error(), "{key}: {}", failed.status);
+        assert_eq!(
+            record(&db).await,
+            (
+                "FAILED".to_owned(),
+                true,
+                1,
+                failed.status.as_u16() as i16,
+                false
+            )
+        );
+        let retry = send(&app, post_json("/charges", Some(key), &body)).await;
+        assert_eq!(retry.status, StatusCode::CREATED, "{key}");
+        assert!(!retry.replayed());
+        assert_eq!(retry.json()["token"], 2);
+        assert_eq!(seen.calls.load(Ordering::SeqCst), 2);
+    }
+}
+
+#[tokio::test]
+async fn derived_keys_are_stable_per_operation_and_distinct_per_label() {
+    let db = TestDb::new(2).await;
+    let seen = Seen::new(None);
+    let app = app(&db, &seen, |l| l);
+    // The first attempt fails (503, rolled back); the retry runs again.
+    assert_eq!(
+        send(&app, post_json("/orders", Some("op-1"), &json!({})))
+            .await
+            .status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(
+        send(&app, post_json("/orders", Some("op-1"), &json!({})))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        send(&app, post_json("/orders", Some("op-2"), &json!({})))
+            .await
+            .status,
+        StatusCode::CREATED
+    );
+    let derived = seen.derived.lock().await.clone();
+    let [coupon1, email1, coupon1_retry, email1_retry, coupon2, _] = derived.as_slice() else {
+        panic!("unexpected {derived:?}");
+    };
+    assert_eq!(
+        coupon1, coupon1_retry,
+        "same operation, same key on every retry"
+    );
+    assert_eq!(email1, email1_retry);
+    assert_ne!(coupon1, email1, "labels give different keys");
+    assert_ne!(coupon1, coupon2, "operations give different keys");
+    assert_eq!(coupon1.len(), 32);
+    axum_idempotency::IdempotencyKey::parse(coupon1.as_bytes())
+        .expect("usable as an Idempotency-Key");
+
+    // The inbox derives from (consumer group, message id), the same on every redelivery.
+    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let seen_keys = Arc::new(Mutex::new(Vec::new()));
+    for attempt in 0..2 {
+        let seen_keys = Arc::clone(&seen_keys);
+        let _ = inbox
+            .process("msg-1", |tx| async move {
+                seen_keys.lock().await.push(tx.derive_key("coupon"));
+                if attempt == 0 {
+                    Err("first attempt fails")
+                } else {
+                    Ok(())
+                }
+            })
+            .await;
+    }
+    let keys = seen_keys.lock().await.clone();
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1]);
+    assert_ne!(keys[0], *coupon1);
+}
