@@ -33,6 +33,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "inbox_messages",
         sql: include_str!("../migrations/0002_inbox_messages.sql"),
     },
+    Migration {
+        version: 3,
+        name: "lease_state",
+        sql: include_str!("../migrations/0003_lease_state.sql"),
+    },
 ];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
