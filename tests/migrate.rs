@@ -1,0 +1,102 @@
+//! `migrate`: versioned, concurrent-safe, and an upgrade path for databases migrated by an
+//! earlier version.
+
+mod common;
+
+use axum_idempotency::Error;
+use common::*;
+
+async fn versions(db: &TestDb) -> Vec<i32> {
+    db.admin
+        .query(
+            &format!(
+                "SELECT version FROM {}.axum_idempotency_migrations ORDER BY version",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_migrations_apply_each_version_once() {
+    let db = TestDb::bare(8).await;
+    let runs: Vec<_> = (0..8)
+        .map(|_| {
+            let pool = db.pool.clone();
+            tokio::spawn(async move { axum_idempotency::migrate(&pool).await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+    assert_eq!(versions(&db).await, vec![1, 2, 3]);
+    // Running it again is a no-op.
+    axum_idempotency::migrate(&db.pool).await.unwrap();
+    assert_eq!(versions(&db).await, vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn a_database_at_version_one_is_upgraded_in_place() {
+    let db = TestDb::bare(1).await;
+    let client = db.pool.get().await.unwrap();
+    client
+        .batch_execute(include_str!("../migrations/0001_idempotency_records.sql"))
+        .await
+        .unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE axum_idempotency_migrations (
+                 version integer PRIMARY KEY, name text NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now());
+             INSERT INTO axum_idempotency_migrations (version, name) VALUES (1, 'idempotency_records');
+             INSERT INTO idempotency_records (id, scope, fingerprint, status, headers, body, expires_at)
+             VALUES (gen_random_uuid(), '', '\\x00', 201, '', 'old', now() + interval '1 day');",
+        )
+        .await
+        .unwrap();
+    drop(client);
+    axum_idempotency::migrate(&db.pool).await.unwrap();
+    assert_eq!(versions(&db).await, vec![1, 2, 3]);
+    let row = db
+        .admin
+        .query_one(
+            &format!(
+                "SELECT state, fencing_token, body FROM {}.idempotency_records",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.get::<_, String>(0),
+        "SUCCESS",
+        "existing records read as completed"
+    );
+    assert_eq!(row.get::<_, i64>(1), 0);
+    assert_eq!(row.get::<_, Vec<u8>>(2), b"old");
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let db = TestDb::new(1).await;
+    db.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.axum_idempotency_migrations (version, name) VALUES (99, 'future')",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    match axum_idempotency::migrate(&db.pool).await {
+        Err(Error::UnknownSchemaVersion {
+            found: 99,
+            known: 3,
+        }) => {}
+        other => panic!("expected UnknownSchemaVersion, got {other:?}"),
+    }
+}
