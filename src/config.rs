@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{HeaderName, Method, StatusCode, header};
 use tokio_util::task::TaskTracker;
 
+use crate::cache::ResponseCache;
 use crate::fingerprint::Fingerprinter;
 use crate::rejection::RejectionHandler;
 
@@ -73,6 +74,7 @@ pub(crate) struct Config {
     pub(crate) handler_timeout: Duration,
     pub(crate) store_raw_key: bool,
     pub(crate) lease: Duration,
+    pub(crate) cache: Option<Arc<ResponseCache>>,
     pub(crate) tasks: TaskTracker,
 }
 
@@ -96,6 +98,7 @@ impl Config {
             handler_timeout: Duration::from_secs(60),
             store_raw_key: false,
             lease: Duration::from_secs(30),
+            cache: None,
             tasks: TaskTracker::new(),
         }
     }
@@ -127,6 +130,7 @@ impl fmt::Debug for Config {
             .field("handler_timeout", &self.handler_timeout)
             .field("store_raw_key", &self.store_raw_key)
             .field("lease", &self.lease)
+            .field("cache", &self.cache)
             .finish_non_exhaustive()
     }
 }

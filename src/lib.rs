@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod admin;
+mod cache;
 mod config;
 mod error;
 mod fingerprint;

@@ -9,11 +9,11 @@ use axum::extract::FromRequestParts;
 use axum::response::Response;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use tracing::Instrument;
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::config::{Config, StoreDecision};
 use crate::fingerprint::Fingerprint;
@@ -119,6 +119,9 @@ impl RequestState {
             return Ok(self.tx.handle());
         }
         self.first_claim().map_err(|r| self.reject(r))?;
+        if let Some(answer) = self.answer_from_cache() {
+            return Err(answer);
+        }
         let started = Instant::now();
         let config = &self.config;
         let object = config.pool.get().await.map_err(|e| {
@@ -163,6 +166,9 @@ impl RequestState {
     /// abandoned one) with a fresh fencing token.
     async fn claim_lease(self: &Arc<Self>) -> Result<IdempotentLease, Response> {
         self.first_claim().map_err(|r| self.reject(r))?;
+        if let Some(answer) = self.answer_from_cache() {
+            return Err(answer);
+        }
         let started = Instant::now();
         let client = self.config.pool.get().await.map_err(|e| {
             tracing::warn!(record = %self.id, error = %e, "no connection for the idempotency store");
@@ -242,15 +248,37 @@ impl RequestState {
                 return self.reject(self.in_flight(1));
             }
         };
-        tracing::debug!(record = %self.id, "replayed");
-        telemetry::request(RequestOutcome::Replayed);
-        let mut response = Response::new(Body::from(stored.body));
-        *response.status_mut() = stored.status;
-        *response.headers_mut() = stored.headers;
-        response
-            .headers_mut()
-            .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-        response
+        self.remember(
+            stored.status,
+            stored.headers.clone(),
+            stored.body.clone(),
+            stored.expires_in,
+        );
+        replay(stored.status, stored.headers, stored.body)
+    }
+
+    /// A replay straight from the in-process cache, if it is on and holds the key.
+    fn answer_from_cache(&self) -> Option<Response> {
+        let cached = self.config.cache.as_ref()?.get(self.id)?;
+        if cached.fingerprint != self.fingerprint {
+            telemetry::request(RequestOutcome::PayloadMismatch);
+            return Some(self.reject(Rejection::new(
+                RejectionKind::KeyReused,
+                "this Idempotency-Key was already used for a different request",
+            )));
+        }
+        Some(replay(
+            cached.status,
+            cached.headers.clone(),
+            cached.body.clone(),
+        ))
+    }
+
+    /// Puts a completed response into the in-process cache, if it is on.
+    fn remember(&self, status: StatusCode, headers: HeaderMap, body: Bytes, ttl: Duration) {
+        if let Some(cache) = &self.config.cache {
+            cache.insert(self.id, self.fingerprint, status, headers, body, ttl);
+        }
     }
 
     /// Gives up on whatever the handler left open: rolls the transaction back, or marks
@@ -327,7 +355,8 @@ impl RequestState {
                 return self.reject(rejection);
             }
         };
-        let record = self.record(parts.status, self.kept_headers(&parts.headers), &body);
+        let kept = self.kept_headers(&parts.headers);
+        let record = self.record(parts.status, store::encode_headers(kept.iter()), &body);
         let started = Instant::now();
         let outcome = store::insert_and_commit(
             conn.client(),
@@ -343,6 +372,7 @@ impl RequestState {
                 conn.mark_ended();
                 tracing::debug!(record = %self.id, status = %parts.status, "committed");
                 telemetry::request(RequestOutcome::Executed);
+                self.remember(parts.status, kept, body.clone(), self.config.ttl);
                 Response::from_parts(parts, Body::from(body))
             }
             Err(CommitError::Conflict) => {
@@ -394,7 +424,8 @@ impl RequestState {
                 return self.reject(rejection);
             }
         };
-        let record = self.record(parts.status, self.kept_headers(&parts.headers), &body);
+        let kept = self.kept_headers(&parts.headers);
+        let record = self.record(parts.status, store::encode_headers(kept.iter()), &body);
         let started = Instant::now();
         let completed = match self.config.pool.get().await {
             Ok(client) => store::lease_complete(&client, &record, token, end)
@@ -414,6 +445,7 @@ impl RequestState {
                         if token > 1 && end == LeaseEnd::Success {
                             telemetry::retry_success("lease");
                         }
+                        self.remember(parts.status, kept, body.clone(), self.config.ttl);
                     }
                 }
                 Response::from_parts(parts, Body::from(body))
@@ -446,12 +478,15 @@ impl RequestState {
         }
     }
 
-    fn kept_headers(&self, headers: &http::HeaderMap) -> Vec<u8> {
-        store::encode_headers(
-            headers
-                .iter()
-                .filter(|(name, _)| self.config.keeps_header(name)),
-        )
+    /// The response headers that are stored and replayed.
+    fn kept_headers(&self, headers: &HeaderMap) -> HeaderMap {
+        let mut kept = HeaderMap::new();
+        for (name, value) in headers {
+            if self.config.keeps_header(name) {
+                kept.append(name.clone(), value.clone());
+            }
+        }
+        kept
     }
 
     /// Buffers the handler's response body up to the stored-response limit.
@@ -479,6 +514,18 @@ impl RequestState {
             )),
         }
     }
+}
+
+/// A stored response as sent again, marked as a replay.
+fn replay(status: StatusCode, headers: HeaderMap, body: Bytes) -> Response {
+    telemetry::request(RequestOutcome::Replayed);
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+        .headers_mut()
+        .insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    response
 }
 
 impl std::fmt::Debug for RequestState {

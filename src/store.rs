@@ -102,7 +102,8 @@ const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
 /// The wait's lock timeout must not apply to the handler's own statements.
 const RESET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout TO DEFAULT";
 const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= now(), state, \
-                      retryable, ceil(extract(epoch FROM locked_until - now()))::int4 \
+                      retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
+                      extract(epoch FROM expires_at - now())::float8 \
                       FROM idempotency_records WHERE id = $1";
 /// The savepoint that lets a stored 4xx discard the handler's writes but keep the lock.
 pub(crate) const SAVEPOINT_NAME: &str = "axum_idempotency";
@@ -123,6 +124,8 @@ pub(crate) struct StoredResponse {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
+    /// How long the record stays live.
+    pub(crate) expires_in: std::time::Duration,
 }
 
 /// A record found for the key.
@@ -397,6 +400,7 @@ fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_po
     let status: i16 = row.try_get(0)?;
     let headers: &[u8] = row.try_get(1)?;
     let body: Vec<u8> = row.try_get(2)?;
+    let expires_in: f64 = row.try_get(8)?;
     Ok(StoredResponse {
         // A status outside 100..=999 can only come from a hand-edited row.
         status: u16::try_from(status)
@@ -405,6 +409,7 @@ fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_po
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         headers: decode_headers(headers),
         body: Bytes::from(body),
+        expires_in: std::time::Duration::try_from_secs_f64(expires_in).unwrap_or_default(),
     })
 }
 

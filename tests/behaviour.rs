@@ -732,3 +732,45 @@ async fn deadline_covers_handler_and_commit() {
     let ok = send(&app, post_json("/orders", Some("slow-3"), &json!({}))).await;
     assert_eq!(ok.status, StatusCode::CREATED);
 }
+
+#[tokio::test]
+async fn cached_replays_need_no_database_and_keep_every_check() {
+    let db = TestDb::new(2).await;
+    let knobs = Arc::new(Knobs::default());
+    let layer = scoped(IdempotencyLayer::new(db.pool.clone()))
+        .cache_responses(1 << 20)
+        .ttl(Duration::from_secs(2));
+    let app = router(Arc::clone(&knobs), layer);
+    let request = |user: &str, amount: i64| {
+        let mut request = post_json("/orders", Some("cached-1"), &json!({"amount": amount}));
+        request
+            .headers_mut()
+            .insert("x-user-id", user.parse().unwrap());
+        request
+    };
+    let first = send(&app, request("alice", 1)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    // Remove the record behind the cache's back: a replay now can only come from memory.
+    db.admin
+        .batch_execute(&format!("DELETE FROM {}.idempotency_records", db.schema))
+        .await
+        .unwrap();
+    let replay = send(&app, request("alice", 1)).await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.headers["location"], first.headers["location"]);
+    // The fingerprint check holds in memory too.
+    assert_eq!(
+        send(&app, request("alice", 2)).await.problem_code(),
+        "key_reused"
+    );
+    // Another scope never sees it.
+    let bob = send(&app, request("bob", 1)).await;
+    assert_eq!(bob.status, StatusCode::CREATED);
+    assert!(!bob.replayed());
+    // Past the record's expiry the cache forgets it and the key runs anew.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let again = send(&app, request("alice", 1)).await;
+    assert!(!again.replayed());
+    assert_eq!(knobs.calls(), 3);
+}

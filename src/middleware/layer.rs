@@ -11,6 +11,7 @@ use tower_layer::Layer;
 
 use super::Idempotency;
 use crate::Rejection;
+use crate::cache::ResponseCache;
 use crate::config::{Config, StoreDecision};
 use crate::fingerprint::parse_pointer;
 
@@ -252,6 +253,24 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|c| c.lease = lease)
+    }
+
+    /// Keep completed responses in memory, up to `max_bytes`, and replay them with no
+    /// database trip. Completed records never change, so this is safe: entries honour
+    /// the record's expiry and replay only to a request with the same scope, key and
+    /// fingerprint. The cache is per process; PostgreSQL stays the source of truth.
+    /// Default: off.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new(pool).cache_responses(64 * 1024 * 1024);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn cache_responses(self, max_bytes: u64) -> Self {
+        self.with(|c| c.cache = Some(Arc::new(ResponseCache::new(max_bytes))))
     }
 
     /// Waits for the requests still finishing after their clients went away (see
