@@ -1,0 +1,485 @@
+//! End-to-end benchmark: the same create-order handler with and without the layer, over
+//! real HTTP on loopback, against the real PostgreSQL at `DATABASE_URL`.
+//!
+//! ```text
+//! cargo bench --bench idempotency                 # full run (a few minutes)
+//! cargo bench --bench idempotency -- --quick      # smoke run
+//! cargo bench --bench idempotency -- --scale 10000000   # also the 10-million-record run
+//! ```
+//!
+//! Every variant runs in this one process against one PostgreSQL, and each is reported
+//! as a ratio to `bare` at the same concurrency, so the figures survive a noisy machine.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Sweeper};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio_postgres::NoTls;
+
+const INSERT_ORDER: &str = "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id";
+
+#[derive(Deserialize)]
+struct NewOrder {
+    user_id: i64,
+    amount: i64,
+}
+
+fn created(id: i64, order: &NewOrder) -> Response {
+    (
+        StatusCode::CREATED,
+        Json(json!({"id": id, "user_id": order.user_id, "amount": order.amount})),
+    )
+        .into_response()
+}
+
+/// The baseline: the business insert in its own transaction, no idempotency.
+async fn bare(State(pool): State<Pool>, Json(order): Json<NewOrder>) -> Response {
+    let mut client = pool.get().await.unwrap();
+    let insert = client.prepare_cached(INSERT_ORDER).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let row = tx.query_one(&insert, &[&order.user_id, &order.amount]).await.unwrap();
+    tx.commit().await.unwrap();
+    created(row.get(0), &order)
+}
+
+/// Atomic mode: the same insert, in the layer's transaction.
+async fn atomic(tx: IdempotentTx, Json(order): Json<NewOrder>) -> Response {
+    let insert = tx.prepare_cached(INSERT_ORDER).await.unwrap();
+    let row = tx.query_one(&insert, &[&order.user_id, &order.amount]).await.unwrap();
+    created(row.get(0), &order)
+}
+
+/// Lease mode: the claim commits first; the business insert runs in its own transaction.
+async fn lease(_lease: IdempotentLease, State(pool): State<Pool>, Json(order): Json<NewOrder>) -> Response {
+    bare(State(pool), Json(order)).await
+}
+
+/// The common pattern, for comparison only: commit PROCESSING, run the business
+/// transaction, commit SUCCESS with the response — three commits.
+async fn three_commit(State(pool): State<Pool>, headers: HeaderMap, Json(order): Json<NewOrder>) -> Response {
+    let key = headers["idempotency-key"].to_str().unwrap().to_owned();
+    let mut client = pool.get().await.unwrap();
+    let claim = client
+        .prepare_cached(
+            "INSERT INTO three_commit_records (key, status, fingerprint) VALUES ($1, 'PROCESSING', $2) \
+             ON CONFLICT (key) DO NOTHING",
+        )
+        .await
+        .unwrap();
+    let fingerprint = format!("{}:{}", order.user_id, order.amount);
+    if client.execute(&claim, &[&key, &fingerprint]).await.unwrap() == 0 {
+        let row = client
+            .query_one("SELECT status, response FROM three_commit_records WHERE key = $1", &[&key])
+            .await
+            .unwrap();
+        let status: String = row.get(0);
+        let body: Option<Vec<u8>> = row.get(1);
+        return match (status.as_str(), body) {
+            ("SUCCESS", Some(body)) => (StatusCode::CREATED, body).into_response(),
+            _ => StatusCode::CONFLICT.into_response(),
+        };
+    }
+    let insert = client.prepare_cached(INSERT_ORDER).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let row = tx.query_one(&insert, &[&order.user_id, &order.amount]).await.unwrap();
+    tx.commit().await.unwrap();
+    let id: i64 = row.get(0);
+    let body = json!({"id": id, "user_id": order.user_id, "amount": order.amount}).to_string();
+    let finish = client
+        .prepare_cached("UPDATE three_commit_records SET status = 'SUCCESS', response = $2 WHERE key = $1")
+        .await
+        .unwrap();
+    client.execute(&finish, &[&key, &body.as_bytes()]).await.unwrap();
+    (StatusCode::CREATED, [("content-type", "application/json")], body).into_response()
+}
+
+fn app(pool: Pool, layer: IdempotencyLayer) -> Router {
+    let idempotent = Router::new()
+        .route("/orders", post(atomic))
+        .route("/lease", post(lease))
+        .layer(layer)
+        .with_state(pool.clone());
+    Router::new()
+        .route("/bare", post(bare))
+        .route("/three-commit", post(three_commit))
+        .with_state(pool)
+        .merge(idempotent)
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// A keep-alive HTTP/1.1 client on one connection.
+struct Connection {
+    reader: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl Connection {
+    async fn open(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        let (read, writer) = stream.into_split();
+        Self { reader: BufReader::new(read), writer }
+    }
+
+    async fn post(&mut self, path: &str, key: Option<&str>, body: &str) -> u16 {
+        let key = key.map(|k| format!("idempotency-key: {k}\r\n")).unwrap_or_default();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n{key}\
+             content-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.writer.write_all(request.as_bytes()).await.unwrap();
+        let mut line = String::new();
+        self.reader.read_line(&mut line).await.unwrap();
+        let status: u16 = line[9..12].parse().unwrap();
+        let mut length = 0;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line).await.unwrap();
+            if line == "\r\n" {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+        }
+        let mut body = vec![0; length];
+        self.reader.read_exact(&mut body).await.unwrap();
+        status
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    Bare,
+    New,
+    Replay,
+    LeaseNew,
+    ThreeCommit,
+    CachedReplay,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Bare => "bare",
+            Self::New => "new",
+            Self::Replay => "replay",
+            Self::LeaseNew => "lease-new",
+            Self::ThreeCommit => "three-commit",
+            Self::CachedReplay => "cached-replay",
+        }
+    }
+}
+
+struct Figures {
+    rps: f64,
+    p50: Duration,
+    p99: Duration,
+    peak_rss_mib: f64,
+}
+
+static KEYS: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_key() -> String {
+    format!("bench-{}-{}", std::process::id(), KEYS.fetch_add(1, Ordering::Relaxed))
+}
+
+fn body_for(n: u64) -> String {
+    format!(r#"{{"user_id": {}, "amount": {}}}"#, n % 1000, 1 + n % 500)
+}
+
+/// Resets the peak resident set size, so each variant reports its own.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
+/// Completed keys to replay: one per connection, created through `addr`.
+async fn completed_keys(addr: SocketAddr, count: usize) -> Vec<(String, String)> {
+    let mut connection = Connection::open(addr).await;
+    let mut keys = Vec::new();
+    for i in 0..count {
+        let (key, body) = (fresh_key(), body_for(i as u64));
+        assert_eq!(connection.post("/orders", Some(&key), &body).await, 201);
+        keys.push((key, body));
+    }
+    keys
+}
+
+async fn run(variant: Variant, addr: SocketAddr, cached: SocketAddr, concurrency: usize, requests: usize) -> Figures {
+    let replay_keys = match variant {
+        Variant::Replay => completed_keys(addr, concurrency).await,
+        Variant::CachedReplay => completed_keys(cached, concurrency).await,
+        _ => Vec::new(),
+    };
+    let target = if variant == Variant::CachedReplay { cached } else { addr };
+    let per_connection = requests.div_ceil(concurrency);
+    reset_peak_rss();
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|worker| {
+            let replay = replay_keys.get(worker).cloned();
+            tokio::spawn(async move {
+                let mut connection = Connection::open(target).await;
+                let mut latencies = Vec::with_capacity(per_connection);
+                for i in 0..per_connection {
+                    let n = (worker * per_connection + i) as u64;
+                    let sent = Instant::now();
+                    let status = match variant {
+                        Variant::Bare => connection.post("/bare", None, &body_for(n)).await,
+                        Variant::New => connection.post("/orders", Some(&fresh_key()), &body_for(n)).await,
+                        Variant::LeaseNew => connection.post("/lease", Some(&fresh_key()), &body_for(n)).await,
+                        Variant::ThreeCommit => {
+                            connection.post("/three-commit", Some(&fresh_key()), &body_for(n)).await
+                        }
+                        Variant::Replay | Variant::CachedReplay => {
+                            let (key, body) = replay.as_ref().unwrap();
+                            connection.post("/orders", Some(key), body).await
+                        }
+                    };
+                    latencies.push(sent.elapsed());
+                    assert_eq!(status, 201, "{variant:?} answered {status}");
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(requests);
+    for worker in workers {
+        latencies.extend(worker.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    latencies.sort_unstable();
+    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    Figures {
+        rps: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: at(0.50),
+        p99: at(0.99),
+        peak_rss_mib: peak_rss_mib(),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+async fn setup(schema: &str) -> (Pool, tokio_postgres::Client) {
+    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let (admin, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect to DATABASE_URL");
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .await
+        .unwrap();
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    config.options(format!("-c search_path={schema}"));
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let pool = Pool::builder(manager).max_size(32).build().unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    pool.get()
+        .await
+        .unwrap()
+        .batch_execute(
+            "CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, amount bigint NOT NULL);
+             CREATE TABLE three_commit_records (key text PRIMARY KEY, status text NOT NULL,
+                 fingerprint text NOT NULL, response bytea);",
+        )
+        .await
+        .unwrap();
+    (pool, admin)
+}
+
+struct Options {
+    quick: bool,
+    scale: Option<u64>,
+}
+
+fn options() -> Options {
+    let args: Vec<String> = std::env::args().collect();
+    let scale = args
+        .iter()
+        .position(|a| a == "--scale")
+        .and_then(|i| args.get(i + 1))
+        .map(|n| n.parse().expect("--scale takes a number of records"));
+    Options { quick: args.iter().any(|a| a == "--quick"), scale }
+}
+
+async fn table_sizes(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT count(*), pg_table_size('{schema}.idempotency_records'), \
+                 pg_indexes_size('{schema}.idempotency_records') FROM {schema}.idempotency_records"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
+#[tokio::main]
+async fn main() {
+    let options = options();
+    let schema = format!("bench_{}", std::process::id());
+    let (pool, admin) = setup(&schema).await;
+    let addr = serve(app(pool.clone(), IdempotencyLayer::new(pool.clone()))).await;
+    let cached = serve(app(pool.clone(), IdempotencyLayer::new(pool.clone()).cache_responses(64 << 20))).await;
+
+    let variants = [
+        Variant::Bare,
+        Variant::New,
+        Variant::Replay,
+        Variant::LeaseNew,
+        Variant::ThreeCommit,
+        Variant::CachedReplay,
+    ];
+    let (requests, concurrencies): (usize, &[usize]) = if options.quick { (200, &[1, 16]) } else { (3000, &[1, 16, 64]) };
+    println!("| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to bare | peak RSS MiB |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut at16 = Vec::new();
+    for &concurrency in concurrencies {
+        let requests = if concurrency == 1 { requests / 3 } else { requests };
+        // Warm up every path (connections, prepared statements) before measuring.
+        for &variant in &variants {
+            run(variant, addr, cached, concurrency, concurrency * 5).await;
+        }
+        let mut bare_rps = 0.0;
+        for &variant in &variants {
+            let figures = run(variant, addr, cached, concurrency, requests).await;
+            if variant == Variant::Bare {
+                bare_rps = figures.rps;
+            }
+            println!(
+                "| {} | {} | {:.0} | {} | {} | {:.2} | {:.1} |",
+                variant.name(),
+                concurrency,
+                figures.rps,
+                ms(figures.p50),
+                ms(figures.p99),
+                figures.rps / bare_rps,
+                figures.peak_rss_mib
+            );
+            if concurrency == 16 {
+                at16.push((variant, figures));
+            }
+        }
+    }
+    if let Some(records) = options.scale {
+        scale_run(&admin, &schema, &pool, addr, cached, records, &at16).await;
+    }
+    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+}
+
+/// The article's scale: millions of existing records, then a purge under load.
+async fn scale_run(
+    admin: &tokio_postgres::Client,
+    schema: &str,
+    pool: &Pool,
+    addr: SocketAddr,
+    cached: SocketAddr,
+    records: u64,
+    empty: &[(Variant, Figures)],
+) {
+    println!("\nloading {records} records …");
+    let started = Instant::now();
+    let batch = 1_000_000;
+    let mut loaded = 0;
+    while loaded < records {
+        let n = batch.min(records - loaded);
+        admin
+            .batch_execute(&format!(
+                "INSERT INTO {schema}.idempotency_records \
+                   (id, scope, fingerprint, status, headers, body, created_at, expires_at) \
+                 SELECT gen_random_uuid(), 'tenant-' || (g % 1000), \
+                        decode(md5(g::text) || md5((g + 1)::text), 'hex'), 201, \
+                        '\\x000c636f6e74656e742d74797065000000106170706c69636174696f6e2f6a736f6e', \
+                        convert_to('{{\"id\":' || g || ',\"user_id\":7,\"amount\":100}}', 'UTF8'), \
+                        now(), now() + interval '3 days' \
+                 FROM generate_series({loaded}, {}) AS g",
+                loaded + n - 1
+            ))
+            .await
+            .unwrap();
+        loaded += n;
+    }
+    admin.batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records")).await.unwrap();
+    let (count, table, indexes) = table_sizes(admin, schema).await;
+    let per_million = |bytes: i64| bytes as f64 / (count as f64 / 1e6) / (1024.0 * 1024.0);
+    println!(
+        "loaded in {:.0} s: {count} records, table {:.0} MiB/million, indexes {:.0} MiB/million",
+        started.elapsed().as_secs_f64(),
+        per_million(table),
+        per_million(indexes)
+    );
+    println!("\n| variant (c=16) | empty table req/s | {records} records req/s | ratio |");
+    println!("|---|---|---|---|");
+    for variant in [Variant::New, Variant::Replay] {
+        let before = empty.iter().find(|(v, _)| *v == variant).map(|(_, f)| f.rps).unwrap_or(f64::NAN);
+        let after = run(variant, addr, cached, 16, 3000).await;
+        println!("| {} | {:.0} | {:.0} | {:.2} |", variant.name(), before, after.rps, after.rps / before);
+    }
+
+    // Purge a million expired records while serving new requests.
+    admin
+        .batch_execute(&format!(
+            "UPDATE {schema}.idempotency_records SET expires_at = now() - interval '1 hour' \
+             WHERE id IN (SELECT id FROM {schema}.idempotency_records LIMIT 1000000)"
+        ))
+        .await
+        .unwrap();
+    admin.batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records")).await.unwrap();
+    let quiet = run(Variant::New, addr, cached, 16, 3000).await;
+    let sweeper = Sweeper::new(pool.clone()).batch_size(5000);
+    let purge = tokio::spawn(async move {
+        let started = Instant::now();
+        let report = sweeper.run_once().await.unwrap();
+        (report.purged_records, started.elapsed())
+    });
+    let mut during = Vec::new();
+    while !purge.is_finished() {
+        during.push(run(Variant::New, addr, cached, 16, 1000).await);
+    }
+    let (purged, took) = purge.await.unwrap();
+    let worst_p99 = during.iter().map(|f| f.p99).max().unwrap_or_default();
+    let mean_rps = during.iter().map(|f| f.rps).sum::<f64>() / during.len().max(1) as f64;
+    println!(
+        "\nsweeper purged {purged} records in {:.1} s ({:.0} rows/s) while serving `new` at c=16: \
+         p99 {} ms (quiet {} ms, ratio {:.2}), {:.0} req/s (quiet {:.0})",
+        took.as_secs_f64(),
+        purged as f64 / took.as_secs_f64(),
+        ms(worst_p99),
+        ms(quiet.p99),
+        worst_p99.as_secs_f64() / quiet.p99.as_secs_f64(),
+        mean_rps,
+        quiet.rps
+    );
+}
