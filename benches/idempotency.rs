@@ -48,7 +48,10 @@ async fn bare(State(pool): State<Pool>, Json(order): Json<NewOrder>) -> Response
     let mut client = pool.get().await.unwrap();
     let insert = client.prepare_cached(INSERT_ORDER).await.unwrap();
     let tx = client.transaction().await.unwrap();
-    let row = tx.query_one(&insert, &[&order.user_id, &order.amount]).await.unwrap();
+    let row = tx
+        .query_one(&insert, &[&order.user_id, &order.amount])
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     created(row.get(0), &order)
 }
@@ -56,18 +59,29 @@ async fn bare(State(pool): State<Pool>, Json(order): Json<NewOrder>) -> Response
 /// Atomic mode: the same insert, in the layer's transaction.
 async fn atomic(tx: IdempotentTx, Json(order): Json<NewOrder>) -> Response {
     let insert = tx.prepare_cached(INSERT_ORDER).await.unwrap();
-    let row = tx.query_one(&insert, &[&order.user_id, &order.amount]).await.unwrap();
+    let row = tx
+        .query_one(&insert, &[&order.user_id, &order.amount])
+        .await
+        .unwrap();
     created(row.get(0), &order)
 }
 
 /// Lease mode: the claim commits first; the business insert runs in its own transaction.
-async fn lease(_lease: IdempotentLease, State(pool): State<Pool>, Json(order): Json<NewOrder>) -> Response {
+async fn lease(
+    _lease: IdempotentLease,
+    State(pool): State<Pool>,
+    Json(order): Json<NewOrder>,
+) -> Response {
     bare(State(pool), Json(order)).await
 }
 
 /// The common pattern, for comparison only: commit PROCESSING, run the business
 /// transaction, commit SUCCESS with the response — three commits.
-async fn three_commit(State(pool): State<Pool>, headers: HeaderMap, Json(order): Json<NewOrder>) -> Response {
+async fn three_commit(
+    State(pool): State<Pool>,
+    headers: HeaderMap,
+    Json(order): Json<NewOrder>,
+) -> Response {
     let key = headers["idempotency-key"].to_str().unwrap().to_owned();
     let mut client = pool.get().await.unwrap();
     let claim = client
@@ -80,7 +94,10 @@ async fn three_commit(State(pool): State<Pool>, headers: HeaderMap, Json(order):
     let fingerprint = format!("{}:{}", order.user_id, order.amount);
     if client.execute(&claim, &[&key, &fingerprint]).await.unwrap() == 0 {
         let row = client
-            .query_one("SELECT status, response FROM three_commit_records WHERE key = $1", &[&key])
+            .query_one(
+                "SELECT status, response FROM three_commit_records WHERE key = $1",
+                &[&key],
+            )
             .await
             .unwrap();
         let status: String = row.get(0);
@@ -92,16 +109,29 @@ async fn three_commit(State(pool): State<Pool>, headers: HeaderMap, Json(order):
     }
     let insert = client.prepare_cached(INSERT_ORDER).await.unwrap();
     let tx = client.transaction().await.unwrap();
-    let row = tx.query_one(&insert, &[&order.user_id, &order.amount]).await.unwrap();
+    let row = tx
+        .query_one(&insert, &[&order.user_id, &order.amount])
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     let id: i64 = row.get(0);
     let body = json!({"id": id, "user_id": order.user_id, "amount": order.amount}).to_string();
     let finish = client
-        .prepare_cached("UPDATE three_commit_records SET status = 'SUCCESS', response = $2 WHERE key = $1")
+        .prepare_cached(
+            "UPDATE three_commit_records SET status = 'SUCCESS', response = $2 WHERE key = $1",
+        )
         .await
         .unwrap();
-    client.execute(&finish, &[&key, &body.as_bytes()]).await.unwrap();
-    (StatusCode::CREATED, [("content-type", "application/json")], body).into_response()
+    client
+        .execute(&finish, &[&key, &body.as_bytes()])
+        .await
+        .unwrap();
+    (
+        StatusCode::CREATED,
+        [("content-type", "application/json")],
+        body,
+    )
+        .into_response()
 }
 
 fn app(pool: Pool, layer: IdempotencyLayer) -> Router {
@@ -135,11 +165,16 @@ impl Connection {
         let stream = TcpStream::connect(addr).await.unwrap();
         stream.set_nodelay(true).unwrap();
         let (read, writer) = stream.into_split();
-        Self { reader: BufReader::new(read), writer }
+        Self {
+            reader: BufReader::new(read),
+            writer,
+        }
     }
 
     async fn post(&mut self, path: &str, key: Option<&str>, body: &str) -> u16 {
-        let key = key.map(|k| format!("idempotency-key: {k}\r\n")).unwrap_or_default();
+        let key = key
+            .map(|k| format!("idempotency-key: {k}\r\n"))
+            .unwrap_or_default();
         let request = format!(
             "POST {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n{key}\
              content-length: {}\r\n\r\n{body}",
@@ -201,7 +236,11 @@ struct Figures {
 static KEYS: AtomicU64 = AtomicU64::new(0);
 
 fn fresh_key() -> String {
-    format!("bench-{}-{}", std::process::id(), KEYS.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "bench-{}-{}",
+        std::process::id(),
+        KEYS.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn body_for(n: u64) -> String {
@@ -218,7 +257,14 @@ fn peak_rss_mib() -> f64 {
     status
         .lines()
         .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .and_then(|value| {
+            value
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
         .map_or(0.0, |kib| kib / 1024.0)
 }
 
@@ -234,13 +280,23 @@ async fn completed_keys(addr: SocketAddr, count: usize) -> Vec<(String, String)>
     keys
 }
 
-async fn run(variant: Variant, addr: SocketAddr, cached: SocketAddr, concurrency: usize, requests: usize) -> Figures {
+async fn run(
+    variant: Variant,
+    addr: SocketAddr,
+    cached: SocketAddr,
+    concurrency: usize,
+    requests: usize,
+) -> Figures {
     let replay_keys = match variant {
         Variant::Replay => completed_keys(addr, concurrency).await,
         Variant::CachedReplay => completed_keys(cached, concurrency).await,
         _ => Vec::new(),
     };
-    let target = if variant == Variant::CachedReplay { cached } else { addr };
+    let target = if variant == Variant::CachedReplay {
+        cached
+    } else {
+        addr
+    };
     let per_connection = requests.div_ceil(concurrency);
     reset_peak_rss();
     let started = Instant::now();
@@ -255,10 +311,20 @@ async fn run(variant: Variant, addr: SocketAddr, cached: SocketAddr, concurrency
                     let sent = Instant::now();
                     let status = match variant {
                         Variant::Bare => connection.post("/bare", None, &body_for(n)).await,
-                        Variant::New => connection.post("/orders", Some(&fresh_key()), &body_for(n)).await,
-                        Variant::LeaseNew => connection.post("/lease", Some(&fresh_key()), &body_for(n)).await,
+                        Variant::New => {
+                            connection
+                                .post("/orders", Some(&fresh_key()), &body_for(n))
+                                .await
+                        }
+                        Variant::LeaseNew => {
+                            connection
+                                .post("/lease", Some(&fresh_key()), &body_for(n))
+                                .await
+                        }
                         Variant::ThreeCommit => {
-                            connection.post("/three-commit", Some(&fresh_key()), &body_for(n)).await
+                            connection
+                                .post("/three-commit", Some(&fresh_key()), &body_for(n))
+                                .await
                         }
                         Variant::Replay | Variant::CachedReplay => {
                             let (key, body) = replay.as_ref().unwrap();
@@ -292,16 +358,27 @@ fn ms(d: Duration) -> String {
 }
 
 async fn setup(schema: &str) -> (Pool, tokio_postgres::Client) {
-    let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let (admin, connection) = tokio_postgres::connect(&url, NoTls).await.expect("connect to DATABASE_URL");
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let (admin, connection) = tokio_postgres::connect(&url, NoTls)
+        .await
+        .expect("connect to DATABASE_URL");
     tokio::spawn(connection);
     admin
-        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"))
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
         .await
         .unwrap();
     let mut config: tokio_postgres::Config = url.parse().unwrap();
     config.options(format!("-c search_path={schema}"));
-    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
     let pool = Pool::builder(manager).max_size(32).build().unwrap();
     axum_idempotency::migrate(&pool).await.unwrap();
     pool.get()
@@ -329,7 +406,10 @@ fn options() -> Options {
         .position(|a| a == "--scale")
         .and_then(|i| args.get(i + 1))
         .map(|n| n.parse().expect("--scale takes a number of records"));
-    Options { quick: args.iter().any(|a| a == "--quick"), scale }
+    Options {
+        quick: args.iter().any(|a| a == "--quick"),
+        scale,
+    }
 }
 
 async fn table_sizes(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
@@ -352,7 +432,11 @@ async fn main() {
     let schema = format!("bench_{}", std::process::id());
     let (pool, admin) = setup(&schema).await;
     let addr = serve(app(pool.clone(), IdempotencyLayer::new(pool.clone()))).await;
-    let cached = serve(app(pool.clone(), IdempotencyLayer::new(pool.clone()).cache_responses(64 << 20))).await;
+    let cached = serve(app(
+        pool.clone(),
+        IdempotencyLayer::new(pool.clone()).cache_responses(64 << 20),
+    ))
+    .await;
 
     let variants = [
         Variant::Bare,
@@ -362,12 +446,22 @@ async fn main() {
         Variant::ThreeCommit,
         Variant::CachedReplay,
     ];
-    let (requests, concurrencies): (usize, &[usize]) = if options.quick { (200, &[1, 16]) } else { (3000, &[1, 16, 64]) };
-    println!("| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to bare | peak RSS MiB |");
+    let (requests, concurrencies): (usize, &[usize]) = if options.quick {
+        (200, &[1, 16])
+    } else {
+        (3000, &[1, 16, 64])
+    };
+    println!(
+        "| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to bare | peak RSS MiB |"
+    );
     println!("|---|---|---|---|---|---|---|");
     let mut at16 = Vec::new();
     for &concurrency in concurrencies {
-        let requests = if concurrency == 1 { requests / 3 } else { requests };
+        let requests = if concurrency == 1 {
+            requests / 3
+        } else {
+            requests
+        };
         // Warm up every path (connections, prepared statements) before measuring.
         for &variant in &variants {
             run(variant, addr, cached, concurrency, concurrency * 5).await;
@@ -396,7 +490,10 @@ async fn main() {
     if let Some(records) = options.scale {
         scale_run(&admin, &schema, &pool, addr, cached, records, &at16).await;
     }
-    admin.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.unwrap();
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .await
+        .unwrap();
 }
 
 /// The article's scale: millions of existing records, then a purge under load.
@@ -431,7 +528,10 @@ async fn scale_run(
             .unwrap();
         loaded += n;
     }
-    admin.batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records")).await.unwrap();
+    admin
+        .batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records"))
+        .await
+        .unwrap();
     let (count, table, indexes) = table_sizes(admin, schema).await;
     let per_million = |bytes: i64| bytes as f64 / (count as f64 / 1e6) / (1024.0 * 1024.0);
     println!(
@@ -443,9 +543,19 @@ async fn scale_run(
     println!("\n| variant (c=16) | empty table req/s | {records} records req/s | ratio |");
     println!("|---|---|---|---|");
     for variant in [Variant::New, Variant::Replay] {
-        let before = empty.iter().find(|(v, _)| *v == variant).map(|(_, f)| f.rps).unwrap_or(f64::NAN);
+        let before = empty
+            .iter()
+            .find(|(v, _)| *v == variant)
+            .map(|(_, f)| f.rps)
+            .unwrap_or(f64::NAN);
         let after = run(variant, addr, cached, 16, 3000).await;
-        println!("| {} | {:.0} | {:.0} | {:.2} |", variant.name(), before, after.rps, after.rps / before);
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2} |",
+            variant.name(),
+            before,
+            after.rps,
+            after.rps / before
+        );
     }
 
     // Purge a million expired records while serving new requests.
@@ -456,7 +566,10 @@ async fn scale_run(
         ))
         .await
         .unwrap();
-    admin.batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records")).await.unwrap();
+    admin
+        .batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records"))
+        .await
+        .unwrap();
     let quiet = run(Variant::New, addr, cached, 16, 3000).await;
     let sweeper = Sweeper::new(pool.clone()).batch_size(5000);
     let purge = tokio::spawn(async move {

@@ -10,8 +10,13 @@
 //!
 //! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
 //! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.
+//!
+//! Behind PgBouncer in transaction pooling mode without prepared-statement support (before
+//! 1.21, or `max_prepared_statements` unset), set `PREPARED_STATEMENTS=false`: neither the
+//! layer nor the handlers then use named prepared statements.
 
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -23,6 +28,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
+use tokio_postgres::types::Type;
 use tower_http::trace::TraceLayer;
 
 #[derive(Deserialize)]
@@ -92,6 +98,17 @@ impl IntoResponse for AppError {
     }
 }
 
+/// `PREPARED_STATEMENTS`: `false` for a PgBouncer without prepared-statement support.
+static PREPARED_STATEMENTS: OnceLock<bool> = OnceLock::new();
+
+fn prepared_statements() -> bool {
+    *PREPARED_STATEMENTS.get().unwrap_or(&true)
+}
+
+const INSERT_ORDER: &str = "INSERT INTO orders (order_no, user_id, amount) \
+                            VALUES ('ORD-' || nextval('orders_no_seq'), $1, $2) \
+                            RETURNING order_no";
+
 /// Creates an order. The order row and the idempotency record commit together.
 async fn create_order(
     tx: IdempotentTx,
@@ -100,15 +117,16 @@ async fn create_order(
     if order.amount <= 0 {
         return Err(AppError::InvalidAmount);
     }
-    let insert = tx
-        .prepare_cached(
-            "INSERT INTO orders (order_no, user_id, amount) \
-             VALUES ('ORD-' || nextval('orders_no_seq'), $1, $2) RETURNING order_no",
-        )
-        .await?;
-    let row = tx
-        .query_one(&insert, &[&order.user_id, &order.amount])
-        .await?;
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&order.user_id, &order.amount];
+    let row = if prepared_statements() {
+        // Prepared once per pooled connection, then reused.
+        let insert = tx.prepare_cached(INSERT_ORDER).await?;
+        tx.query_one(&insert, &params).await?
+    } else {
+        // Prepared, run and closed inside the request's transaction, which PgBouncer keeps
+        // on one server connection.
+        tx.query_one(INSERT_ORDER, &params).await?
+    };
     let order_no: String = row.get(0);
     let location = format!("/orders/{order_no}");
     Ok((
@@ -127,10 +145,12 @@ async fn get_order(
     Path(order_no): Path<String>,
 ) -> Result<Response, AppError> {
     let client = pool.get().await?;
+    // One round trip with the parameter type given, no named statement: it works the same
+    // with or without PgBouncer.
     let row = client
-        .query_opt(
+        .query_typed_opt(
             "SELECT order_no, user_id, amount FROM orders WHERE order_no = $1",
-            &[&order_no],
+            &[(&order_no, Type::TEXT)],
         )
         .await?;
     Ok(match row {
@@ -209,6 +229,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bind: SocketAddr = std::env::var("BIND_ADDR")
         .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
         .parse()?;
+    let prepared = match std::env::var("PREPARED_STATEMENTS") {
+        Ok(value) => value
+            .parse::<bool>()
+            .map_err(|_| format!("PREPARED_STATEMENTS must be `true` or `false`, not {value:?}"))?,
+        Err(_) => true,
+    };
+    PREPARED_STATEMENTS.get_or_init(|| prepared);
 
     let manager = Manager::from_config(
         database_url.parse()?,
@@ -220,7 +247,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pool = Pool::builder(manager).max_size(16).build()?;
     create_schema(&pool).await?;
 
-    let idempotency = IdempotencyLayer::new(pool.clone()).scope(|parts| {
+    let mut idempotency = IdempotencyLayer::new(pool.clone()).scope(|parts| {
         parts
             .headers
             .get("x-user-id")?
@@ -228,6 +255,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .ok()
             .map(str::to_owned)
     });
+    if std::env::var_os("PREPARED_STATEMENTS").is_some() {
+        idempotency = idempotency.prepared_statements(prepared);
+    }
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!(
         "orders example listening on http://{}",

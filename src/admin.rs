@@ -10,8 +10,10 @@ use std::time::SystemTime;
 
 use deadpool_postgres::Pool;
 use tokio_postgres::Row;
+use tokio_postgres::types::Type;
 
 use crate::key::{RecordId, hex};
+use crate::store::{Db, Sql};
 use crate::sweeper::{SweepReport, Sweeper};
 use crate::{Error, IdempotencyKey};
 
@@ -39,15 +41,31 @@ macro_rules! select_message {
     };
 }
 
-const LOOKUP: &str = select_record!("WHERE id = $1");
-const STALE: &str = select_record!(
-    "WHERE state = 'PROCESSING' AND locked_until < now() ORDER BY locked_until, id LIMIT $1"
-);
-const MESSAGE: &str = select_message!("WHERE consumer_group = $1 AND message_id = $2");
-const FAILED_MESSAGES: &str = select_message!(
-    "WHERE consumer_group = $1 AND status = 'FAILED' \
+const LOOKUP: Sql = Sql {
+    text: select_record!("WHERE id = $1"),
+    types: &[Type::UUID],
+};
+const STALE: Sql = Sql {
+    text: select_record!(
+        "WHERE state = 'PROCESSING' AND locked_until < now() ORDER BY locked_until, id LIMIT $1"
+    ),
+    types: &[Type::INT8],
+};
+const MESSAGE: Sql = Sql {
+    text: select_message!("WHERE consumer_group = $1 AND message_id = $2"),
+    types: &[Type::TEXT, Type::TEXT],
+};
+const FAILED_MESSAGES: Sql = Sql {
+    text: select_message!(
+        "WHERE consumer_group = $1 AND status = 'FAILED' \
      ORDER BY updated_at DESC, message_id LIMIT $2"
-);
+    ),
+    types: &[Type::TEXT, Type::INT8],
+};
+
+/// Every statement above, for the check of their declared parameter types.
+#[cfg(test)]
+pub(crate) const STATEMENTS: &[&Sql] = &[&LOOKUP, &STALE, &MESSAGE, &FAILED_MESSAGES];
 
 /// Read-only looks into the crate's tables, plus an on-demand purge.
 ///
@@ -78,6 +96,7 @@ const FAILED_MESSAGES: &str = select_message!(
 #[derive(Clone, Debug)]
 pub struct Admin {
     pool: Pool,
+    prepared_statements: bool,
 }
 
 /// A stored idempotency record, as [`Admin`] shows it. The response itself is not
@@ -142,7 +161,28 @@ pub struct MessageInfo {
 impl Admin {
     /// An admin view over the crate's tables in `pool`'s database.
     pub fn new(pool: Pool) -> Self {
-        Self { pool }
+        Self {
+            pool,
+            prepared_statements: true,
+        }
+    }
+
+    /// Whether the admin view's statements (and [`purge_now`](Self::purge_now)'s) are
+    /// prepared (once per pooled connection, then reused) or sent unprepared with their
+    /// parameter types, one round trip each.
+    ///
+    /// Default: `true`. Turn it off behind a PgBouncer in transaction pooling mode that
+    /// does not support prepared statements (before 1.21, or `max_prepared_statements`
+    /// unset): there the next statement may run on another server connection, where a
+    /// statement prepared earlier does not exist.
+    #[must_use]
+    pub fn prepared_statements(mut self, enabled: bool) -> Self {
+        self.prepared_statements = enabled;
+        self
+    }
+
+    fn db<'a>(&self, client: &'a deadpool_postgres::ClientWrapper) -> Db<'a> {
+        Db::new(client, self.prepared_statements)
     }
 
     /// The record for `key` in `scope`, expired or not. `key` is taken as the client sent it
@@ -161,8 +201,9 @@ impl Admin {
         let key = IdempotencyKey::parse(key.as_bytes()).map_err(Error::InvalidKey)?;
         let id = RecordId::from_parts(scope, key.as_str());
         let client = self.pool.get().await?;
-        let statement = client.prepare_cached(LOOKUP).await?;
-        let row = client.query_opt(&statement, &[&id]).await?;
+        let db = self.db(&client);
+        let statement = db.prepare(&LOOKUP).await?;
+        let row = db.query_opt(&statement, &[&id]).await?;
         Ok(row.map(|row| record_info(&row)).transpose()?)
     }
 
@@ -178,8 +219,9 @@ impl Admin {
     /// ```
     pub async fn stale(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
         let client = self.pool.get().await?;
-        let statement = client.prepare_cached(STALE).await?;
-        let rows = client.query(&statement, &[&limit.max(0)]).await?;
+        let db = self.db(&client);
+        let statement = db.prepare(&STALE).await?;
+        let rows = db.query(&statement, &[&limit.max(0)]).await?;
         Ok(rows
             .iter()
             .map(record_info)
@@ -201,8 +243,9 @@ impl Admin {
         message_id: &str,
     ) -> Result<Option<MessageInfo>, Error> {
         let client = self.pool.get().await?;
-        let statement = client.prepare_cached(MESSAGE).await?;
-        let row = client
+        let db = self.db(&client);
+        let statement = db.prepare(&MESSAGE).await?;
+        let row = db
             .query_opt(&statement, &[&consumer_group, &message_id])
             .await?;
         Ok(row.map(|row| message_info(&row)).transpose()?)
@@ -223,8 +266,9 @@ impl Admin {
         limit: i64,
     ) -> Result<Vec<MessageInfo>, Error> {
         let client = self.pool.get().await?;
-        let statement = client.prepare_cached(FAILED_MESSAGES).await?;
-        let rows = client
+        let db = self.db(&client);
+        let statement = db.prepare(&FAILED_MESSAGES).await?;
+        let rows = db
             .query(&statement, &[&consumer_group, &limit.max(0)])
             .await?;
         Ok(rows
@@ -243,7 +287,10 @@ impl Admin {
     /// # Ok(()) }
     /// ```
     pub async fn purge_now(&self) -> Result<SweepReport, Error> {
-        Sweeper::new(self.pool.clone()).run_once().await
+        Sweeper::new(self.pool.clone())
+            .prepared_statements(self.prepared_statements)
+            .run_once()
+            .await
     }
 }
 

@@ -11,6 +11,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::cache::ResponseCache;
 use crate::fingerprint::Fingerprinter;
+#[cfg(feature = "redis")]
+use crate::front::redis::{RedisFront, RedisOptions};
 use crate::rejection::RejectionHandler;
 
 /// What happens to a handler's transaction and response, decided by its status code.
@@ -74,7 +76,12 @@ pub(crate) struct Config {
     pub(crate) handler_timeout: Duration,
     pub(crate) store_raw_key: bool,
     pub(crate) lease: Duration,
+    pub(crate) prepared_statements: bool,
     pub(crate) cache: Option<Arc<ResponseCache>>,
+    #[cfg(feature = "redis")]
+    pub(crate) redis: Option<Arc<RedisFront>>,
+    #[cfg(feature = "redis")]
+    pub(crate) redis_options: RedisOptions,
     pub(crate) tasks: TaskTracker,
 }
 
@@ -98,7 +105,12 @@ impl Config {
             handler_timeout: Duration::from_secs(60),
             store_raw_key: false,
             lease: Duration::from_secs(30),
+            prepared_statements: true,
             cache: None,
+            #[cfg(feature = "redis")]
+            redis: None,
+            #[cfg(feature = "redis")]
+            redis_options: RedisOptions::default(),
             tasks: TaskTracker::new(),
         }
     }
@@ -114,8 +126,8 @@ impl Config {
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Config")
-            .field("methods", &self.methods)
+        let mut f = f.debug_struct("Config");
+        f.field("methods", &self.methods)
             .field("scoped", &self.scope.is_some())
             .field("fingerprint", &self.fingerprint)
             .field("body_limit", &self.body_limit)
@@ -130,7 +142,10 @@ impl fmt::Debug for Config {
             .field("handler_timeout", &self.handler_timeout)
             .field("store_raw_key", &self.store_raw_key)
             .field("lease", &self.lease)
-            .field("cache", &self.cache)
-            .finish_non_exhaustive()
+            .field("prepared_statements", &self.prepared_statements)
+            .field("cache", &self.cache);
+        #[cfg(feature = "redis")]
+        f.field("redis", &self.redis);
+        f.finish_non_exhaustive()
     }
 }

@@ -18,7 +18,7 @@ use futures_util::FutureExt;
 use sha2::{Digest, Sha256};
 
 use crate::key::{KeyError, MAX_KEY_LEN, RecordId};
-use crate::store::{self, InboxWrite};
+use crate::store::{self, Db, InboxWrite};
 use crate::telemetry;
 use crate::transaction::{IdempotentTx, SharedTx, TxConn};
 
@@ -66,6 +66,7 @@ struct InboxConfig {
     retention: Duration,
     lock_timeout: Duration,
     store_payload: bool,
+    prepared_statements: bool,
 }
 
 /// What [`Inbox::process`] did with a message: the article's states as seen by a consumer.
@@ -161,6 +162,7 @@ impl Inbox {
                 retention: Duration::from_secs(7 * 24 * 3600),
                 lock_timeout: Duration::from_secs(10),
                 store_payload: false,
+                prepared_statements: true,
             }),
         }
     }
@@ -198,6 +200,21 @@ impl Inbox {
     #[must_use]
     pub fn store_payload(self, enabled: bool) -> Self {
         self.with(|c| c.store_payload = enabled)
+    }
+
+    /// Whether the inbox's own statements are prepared (once per pooled connection, then
+    /// reused) or sent unprepared with their parameter types, one round trip each.
+    ///
+    /// Default: `true`. Turn it off behind a PgBouncer in transaction pooling mode that
+    /// does not support prepared statements (before 1.21, or `max_prepared_statements`
+    /// unset): there, a statement prepared in one transaction is gone in the next, which
+    /// runs on another server connection. The same setting exists on
+    /// [`IdempotencyLayer`](crate::IdempotencyLayer::prepared_statements),
+    /// [`Sweeper`](crate::Sweeper::prepared_statements) and
+    /// [`Admin`](crate::Admin::prepared_statements).
+    #[must_use]
+    pub fn prepared_statements(self, enabled: bool) -> Self {
+        self.with(|c| c.prepared_statements = enabled)
     }
 
     /// The consumer group this inbox records for.
@@ -270,7 +287,7 @@ impl Inbox {
             .map_err(|e| InboxError::Store(e.into()))?;
         let conn = TxConn::new(object);
         let claim = store::inbox_claim(
-            conn.client(),
+            Db::new(conn.client(), config.prepared_statements),
             id,
             &config.group,
             message_id,
@@ -323,9 +340,13 @@ impl Inbox {
         let failure = match result {
             Ok(Ok(value)) if !leaked => {
                 let started = Instant::now();
-                let committed =
-                    store::inbox_commit(conn.client(), &write, prior_attempts + 1, record_exists)
-                        .await;
+                let committed = store::inbox_commit(
+                    Db::new(conn.client(), config.prepared_statements),
+                    &write,
+                    prior_attempts + 1,
+                    record_exists,
+                )
+                .await;
                 telemetry::commit_time("inbox", started);
                 return match committed {
                     Ok(()) => {
@@ -370,7 +391,10 @@ impl Inbox {
     /// work has already been rolled back.
     async fn record_failure(&self, write: &InboxWrite<'_>, error: &str, prior: i32) -> u32 {
         let recorded = match self.config.pool.get().await {
-            Ok(client) => store::inbox_record_failure(&client, write, error).await,
+            Ok(client) => {
+                let db = Db::new(&client, self.config.prepared_statements);
+                store::inbox_record_failure(db, write, error).await
+            }
             Err(e) => {
                 tracing::error!(error = %e, "could not record a failed attempt");
                 return u32::try_from(prior + 1).unwrap_or(0);

@@ -180,6 +180,12 @@ impl RecordId {
         Self(id)
     }
 
+    /// All 16 bytes as 32 hex digits, for keys kept outside PostgreSQL.
+    #[cfg(feature = "redis")]
+    pub(crate) fn to_hex(self) -> String {
+        hex(&self.0)
+    }
+
     /// The key of the transaction-scoped advisory lock that serialises requests for this record.
     pub(crate) fn lock_key(self) -> i64 {
         let mut high = [0; 8];

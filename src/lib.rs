@@ -5,6 +5,8 @@ mod cache;
 mod config;
 mod error;
 mod fingerprint;
+#[cfg(feature = "redis")]
+mod front;
 mod inbox;
 mod key;
 mod lease;
@@ -28,3 +30,7 @@ pub use crate::request::REPLAYED_HEADER;
 pub use crate::store::migrate;
 pub use crate::sweeper::{SweepReport, Sweeper, SweeperHandle};
 pub use crate::transaction::{IdempotentTx, TxStatement};
+/// The `redis` crate this one is built with (feature `redis`), so the
+/// [`Client`](redis::Client) given to [`IdempotencyLayer::redis`] is of the same version.
+#[cfg(feature = "redis")]
+pub use ::redis;

@@ -59,6 +59,9 @@ pub(crate) struct RequestState {
     /// Lease mode: the fencing token of the lease this request holds.
     lease: std::sync::Mutex<Option<i64>>,
     claimed: AtomicBool,
+    /// This request holds the Redis front line's in-flight lock.
+    #[cfg(feature = "redis")]
+    redis_lock: AtomicBool,
 }
 
 impl RequestState {
@@ -79,6 +82,8 @@ impl RequestState {
             replaces: AtomicBool::new(false),
             lease: std::sync::Mutex::new(None),
             claimed: AtomicBool::new(false),
+            #[cfg(feature = "redis")]
+            redis_lock: AtomicBool::new(false),
         }
     }
 
@@ -98,6 +103,11 @@ impl RequestState {
             body,
             ttl: self.config.ttl,
         }
+    }
+
+    /// The store's view of `client`, with the layer's prepared-statement setting.
+    fn db<'a>(&self, client: &'a deadpool_postgres::ClientWrapper) -> store::Db<'a> {
+        store::Db::new(client, self.config.prepared_statements)
     }
 
     /// A key can be claimed once per request, by one kind of extractor.
@@ -122,6 +132,15 @@ impl RequestState {
         if let Some(answer) = self.answer_from_cache() {
             return Err(answer);
         }
+        // No pre-filter when a duplicate is to wait for the first in PostgreSQL.
+        let lock = self
+            .config
+            .wait_for_in_flight
+            .is_none()
+            .then_some(self.config.handler_timeout);
+        if let Some(answer) = self.answer_from_redis(lock).await {
+            return Err(answer);
+        }
         let started = Instant::now();
         let config = &self.config;
         let object = config.pool.get().await.map_err(|e| {
@@ -130,7 +149,7 @@ impl RequestState {
         })?;
         let conn = TxConn::new(object);
         let claim = store::claim(
-            conn.client(),
+            self.db(conn.client()),
             self.id,
             self.fingerprint,
             config.wait_for_in_flight,
@@ -153,11 +172,19 @@ impl RequestState {
                 telemetry::request(RequestOutcome::InFlight);
                 Err(self.reject(self.in_flight(self.config.retry_after)))
             }
-            Claim::Existing(existing) => {
-                // Release the key's lock before answering, so the client's next retry
-                // cannot find it still held.
-                conn.rollback().await;
-                Err(self.answer_existing(existing))
+            Claim::Existing {
+                existing,
+                holds_lock,
+            } => {
+                if holds_lock {
+                    // Release the key's lock before answering, so the client's next
+                    // retry cannot find it still held.
+                    conn.rollback().await;
+                } else {
+                    // Nothing held: the ROLLBACK can finish in the background.
+                    drop(conn);
+                }
+                Err(self.answer_existing(existing).await)
             }
         }
     }
@@ -169,13 +196,17 @@ impl RequestState {
         if let Some(answer) = self.answer_from_cache() {
             return Err(answer);
         }
+        let lock = self.config.lease.min(self.config.handler_timeout);
+        if let Some(answer) = self.answer_from_redis(Some(lock)).await {
+            return Err(answer);
+        }
         let started = Instant::now();
         let client = self.config.pool.get().await.map_err(|e| {
             tracing::warn!(record = %self.id, error = %e, "no connection for the idempotency store");
             self.unavailable(e)
         })?;
         let claim = store::lease_acquire(
-            &client,
+            self.db(&client),
             &self.record(StatusCode::ACCEPTED, Vec::new(), &[]),
             self.config.lease,
         )
@@ -194,7 +225,7 @@ impl RequestState {
                 *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
                 Ok(IdempotentLease::new(Arc::clone(self), token))
             }
-            LeaseClaim::Existing(existing) => Err(self.answer_existing(existing)),
+            LeaseClaim::Existing(existing) => Err(self.answer_existing(existing).await),
             LeaseClaim::Raced => {
                 telemetry::request(RequestOutcome::InFlight);
                 Err(self.reject(self.in_flight(1)))
@@ -228,7 +259,7 @@ impl RequestState {
 
     /// A record this request may not replace: the stored response if the request is the
     /// same, 422 if not, 409 while a lease holder is at work.
-    fn answer_existing(&self, existing: Existing) -> Response {
+    async fn answer_existing(&self, existing: Existing) -> Response {
         if existing.fingerprint != self.fingerprint {
             tracing::info!(record = %self.id, "key reused with a different request");
             telemetry::request(RequestOutcome::PayloadMismatch);
@@ -253,29 +284,111 @@ impl RequestState {
             stored.headers.clone(),
             stored.body.clone(),
             stored.expires_in,
-        );
+        )
+        .await;
         replay(stored.status, stored.headers, stored.body)
     }
 
     /// A replay straight from the in-process cache, if it is on and holds the key.
     fn answer_from_cache(&self) -> Option<Response> {
         let cached = self.config.cache.as_ref()?.get(self.id)?;
-        if cached.fingerprint != self.fingerprint {
-            telemetry::request(RequestOutcome::PayloadMismatch);
-            return Some(self.reject(Rejection::new(
-                RejectionKind::KeyReused,
-                "this Idempotency-Key was already used for a different request",
-            )));
-        }
-        Some(replay(
+        Some(self.answer_completed(
+            cached.fingerprint,
             cached.status,
             cached.headers.clone(),
             cached.body.clone(),
         ))
     }
 
-    /// Puts a completed response into the in-process cache, if it is on.
-    fn remember(&self, status: StatusCode, headers: HeaderMap, body: Bytes, ttl: Duration) {
+    /// A completed response found before PostgreSQL was asked: replayed to the same
+    /// request, 422 to another.
+    fn answer_completed(
+        &self,
+        fingerprint: Fingerprint,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        if fingerprint != self.fingerprint {
+            telemetry::request(RequestOutcome::PayloadMismatch);
+            return self.reject(Rejection::new(
+                RejectionKind::KeyReused,
+                "this Idempotency-Key was already used for a different request",
+            ));
+        }
+        replay(status, headers, body)
+    }
+
+    /// The Redis front line's answer, if it has one: a completed response, or 409 while
+    /// another request holds the key. With `lock`, a request that goes on to PostgreSQL
+    /// holds the in-flight lock for that long (plus a margin) or until it ends.
+    #[cfg(feature = "redis")]
+    async fn answer_from_redis(&self, lock: Option<Duration>) -> Option<Response> {
+        use crate::front::redis::{LOCK_MARGIN, Lookup};
+        let front = self.config.redis.as_ref()?;
+        match front
+            .lookup(self.id, lock.map(|lock| lock + LOCK_MARGIN))
+            .await
+        {
+            Lookup::Hit(found) => {
+                if let (Some(cache), Some(ttl)) = (&self.config.cache, found.ttl) {
+                    let (headers, body) = (found.headers.clone(), found.body.clone());
+                    cache.insert(self.id, found.fingerprint, found.status, headers, body, ttl);
+                }
+                Some(self.answer_completed(
+                    found.fingerprint,
+                    found.status,
+                    found.headers,
+                    found.body,
+                ))
+            }
+            Lookup::InFlight => {
+                tracing::debug!(record = %self.id, "in flight (Redis)");
+                telemetry::request(RequestOutcome::InFlight);
+                Some(self.reject(self.in_flight(self.config.retry_after)))
+            }
+            Lookup::Miss { locked } => {
+                self.redis_lock.store(locked, Ordering::Release);
+                None
+            }
+            Lookup::Unavailable => None,
+        }
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn answer_from_redis(&self, _lock: Option<Duration>) -> Option<Response> {
+        None
+    }
+
+    /// Gives the Redis in-flight lock back, if this request holds it.
+    async fn release_redis_lock(&self) {
+        #[cfg(feature = "redis")]
+        if self.redis_lock.swap(false, Ordering::AcqRel) {
+            if let Some(front) = &self.config.redis {
+                front.release(self.id).await;
+            }
+        }
+    }
+
+    /// Keeps a completed response where the next retry finds it before PostgreSQL: the
+    /// in-process cache and the Redis front line, whichever are on. Giving the Redis lock
+    /// back rides along with the write.
+    async fn remember(&self, status: StatusCode, headers: HeaderMap, body: Bytes, ttl: Duration) {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.config.redis {
+            let release = self.redis_lock.swap(false, Ordering::AcqRel);
+            front
+                .store(
+                    self.id,
+                    self.fingerprint,
+                    status,
+                    &headers,
+                    &body,
+                    ttl,
+                    release,
+                )
+                .await;
+        }
         if let Some(cache) = &self.config.cache {
             cache.insert(self.id, self.fingerprint, status, headers, body, ttl);
         }
@@ -284,6 +397,8 @@ impl RequestState {
     /// Gives up on whatever the handler left open: rolls the transaction back, or marks
     /// the lease failed so a retry may run again. `false` if nothing was claimed.
     pub(crate) async fn abandon(&self) -> bool {
+        // PostgreSQL's own lock still guards the key until the rollback below.
+        self.release_redis_lock().await;
         if let Some(token) = self.lease_token() {
             self.end_lease_quietly(token).await;
             telemetry::request(RequestOutcome::RolledBack);
@@ -304,7 +419,7 @@ impl RequestState {
         let record = self.record(StatusCode::INTERNAL_SERVER_ERROR, Vec::new(), &[]);
         let ended = match self.config.pool.get().await {
             Ok(client) => {
-                store::lease_complete(&client, &record, token, LeaseEnd::RetryableFailure)
+                store::lease_complete(self.db(&client), &record, token, LeaseEnd::RetryableFailure)
                     .await
                     .map(drop)
                     .map_err(|e| e.to_string())
@@ -318,6 +433,16 @@ impl RequestState {
 
     /// The layer's work after the handler returned a response.
     pub(crate) async fn complete<B>(&self, response: Response<B>) -> Response
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        let response = self.finish(response).await;
+        self.release_redis_lock().await;
+        response
+    }
+
+    async fn finish<B>(&self, response: Response<B>) -> Response
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<axum::BoxError>,
@@ -359,9 +484,9 @@ impl RequestState {
         let record = self.record(parts.status, store::encode_headers(kept.iter()), &body);
         let started = Instant::now();
         let outcome = store::insert_and_commit(
-            conn.client(),
+            self.db(conn.client()),
             &record,
-            decision == StoreDecision::StoreWithoutCommit,
+            (decision == StoreDecision::StoreWithoutCommit).then_some(self.config.handler_timeout),
             self.replaces.load(Ordering::Acquire),
         )
         .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
@@ -372,7 +497,8 @@ impl RequestState {
                 conn.mark_ended();
                 tracing::debug!(record = %self.id, status = %parts.status, "committed");
                 telemetry::request(RequestOutcome::Executed);
-                self.remember(parts.status, kept, body.clone(), self.config.ttl);
+                self.remember(parts.status, kept, body.clone(), self.config.ttl)
+                    .await;
                 Response::from_parts(parts, Body::from(body))
             }
             Err(CommitError::Conflict) => {
@@ -380,8 +506,8 @@ impl RequestState {
                 conn.mark_ended();
                 tracing::warn!(record = %self.id, "unique-key backstop caught a concurrent request");
                 telemetry::unique_conflict();
-                match store::lookup(conn.client(), self.id).await {
-                    Ok(Some(existing)) => self.answer_existing(existing),
+                match store::lookup(self.db(conn.client()), self.id).await {
+                    Ok(Some(existing)) => self.answer_existing(existing).await,
                     Ok(None) => {
                         telemetry::request(RequestOutcome::InFlight);
                         self.reject(self.in_flight(self.config.retry_after))
@@ -428,7 +554,7 @@ impl RequestState {
         let record = self.record(parts.status, store::encode_headers(kept.iter()), &body);
         let started = Instant::now();
         let completed = match self.config.pool.get().await {
-            Ok(client) => store::lease_complete(&client, &record, token, end)
+            Ok(client) => store::lease_complete(self.db(&client), &record, token, end)
                 .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
                 .await
                 .map_err(crate::Error::from),
@@ -445,7 +571,8 @@ impl RequestState {
                         if token > 1 && end == LeaseEnd::Success {
                             telemetry::retry_success("lease");
                         }
-                        self.remember(parts.status, kept, body.clone(), self.config.ttl);
+                        self.remember(parts.status, kept, body.clone(), self.config.ttl)
+                            .await;
                     }
                 }
                 Response::from_parts(parts, Body::from(body))
@@ -528,6 +655,19 @@ fn replay(status: StatusCode, headers: HeaderMap, body: Bytes) -> Response {
     response
 }
 
+/// A request dropped before it ended (cancelled with `finish_on_disconnect(false)`) gives
+/// its Redis lock back rather than leave it to expire.
+#[cfg(feature = "redis")]
+impl Drop for RequestState {
+    fn drop(&mut self) {
+        if *self.redis_lock.get_mut() {
+            if let Some(front) = &self.config.redis {
+                front.release_in_background(self.id);
+            }
+        }
+    }
+}
+
 impl std::fmt::Debug for RequestState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestState")
@@ -580,10 +720,15 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotentTx {
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         // Rendered with the default; the layer (when present) re-renders custom rejections.
         let state = request_state(parts, "IdempotentTx").map_err(|r| r.problem_response())?;
-        state
+        let claimed = state
             .claim()
             .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
-            .await
+            .await;
+        if claimed.is_err() {
+            // Answered without running the handler: the key is free for the next retry.
+            state.release_redis_lock().await;
+        }
+        claimed
     }
 }
 
@@ -592,9 +737,13 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotentLease {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let state = request_state(parts, "IdempotentLease").map_err(|r| r.problem_response())?;
-        state
+        let claimed = state
             .claim_lease()
             .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
-            .await
+            .await;
+        if claimed.is_err() {
+            state.release_redis_lock().await;
+        }
+        claimed
     }
 }

@@ -8,11 +8,152 @@ use bytes::Bytes;
 use deadpool_postgres::{ClientWrapper, Pool};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Row, Statement};
 
 use crate::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
+
+/// One statement the crate runs, with the types of its parameters.
+///
+/// The types are declared rather than inferred, so that a statement can run without being
+/// prepared first (see [`Db`]); `sql_types_match_the_server` checks them against what
+/// PostgreSQL infers.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) text: &'static str,
+    pub(crate) types: &'static [Type],
+}
+
+/// A statement ready to run on one connection: prepared and cached, or to be sent as an
+/// unnamed statement with its declared parameter types.
+#[derive(Debug)]
+pub(crate) enum Stmt {
+    Prepared(Statement),
+    Typed(&'static Sql),
+}
+
+/// A connection as the crate's statements use it: with named prepared statements, cached
+/// per pooled connection (the default), or without any (`prepared_statements(false)`).
+///
+/// Without, every statement is sent as Parse/Bind/Describe/Execute/Sync of the unnamed
+/// statement with explicit parameter types (`query_typed`): one round trip, and nothing
+/// outlives it on the server connection — what a transaction-pooling PgBouncer without
+/// prepared-statement support (before 1.21, or without `max_prepared_statements`) needs,
+/// since it hands every transaction (and every autocommit statement) to whichever server
+/// connection is free, where a statement prepared on another one does not exist.
+///
+/// Pipelining: callers [`prepare`](Self::prepare) every statement before a `tokio::join!`
+/// and run them inside it. Both kinds of statement write their messages to the connection
+/// on their future's first poll, before they first wait (tokio-postgres' `query_typed_raw`
+/// and `execute_typed` encode and send before their first `.await`; so do `query`/`execute`
+/// of a prepared `Statement`), and `join!` polls its branches in order the first time, so
+/// the statements reach the server in the order they are written.
+#[derive(Clone, Copy)]
+pub(crate) struct Db<'a> {
+    client: &'a ClientWrapper,
+    prepared: bool,
+}
+
+impl<'a> Db<'a> {
+    pub(crate) fn new(client: &'a ClientWrapper, prepared: bool) -> Self {
+        Self { client, prepared }
+    }
+
+    /// The underlying connection, for `batch_execute` (simple-protocol BEGIN, COMMIT, ...).
+    pub(crate) fn client(self) -> &'a ClientWrapper {
+        self.client
+    }
+
+    /// Prepares `sql` (once per pooled connection) when prepared statements are on;
+    /// otherwise costs nothing. Call it before a pipelined `join!`, never inside one.
+    pub(crate) async fn prepare(self, sql: &'static Sql) -> Result<Stmt, tokio_postgres::Error> {
+        if self.prepared {
+            let statement = self
+                .client
+                .prepare_typed_cached(sql.text, sql.types)
+                .await?;
+            Ok(Stmt::Prepared(statement))
+        } else {
+            Ok(Stmt::Typed(sql))
+        }
+    }
+
+    pub(crate) async fn query(
+        self,
+        statement: &Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match statement {
+            Stmt::Prepared(statement) => self.client.query(statement, params).await,
+            Stmt::Typed(sql) => self.client.query_typed(sql.text, &typed(sql, params)).await,
+        }
+    }
+
+    pub(crate) async fn query_one(
+        self,
+        statement: &Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        match statement {
+            Stmt::Prepared(statement) => self.client.query_one(statement, params).await,
+            Stmt::Typed(sql) => {
+                self.client
+                    .query_typed_one(sql.text, &typed(sql, params))
+                    .await
+            }
+        }
+    }
+
+    pub(crate) async fn query_opt(
+        self,
+        statement: &Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        match statement {
+            Stmt::Prepared(statement) => self.client.query_opt(statement, params).await,
+            Stmt::Typed(sql) => {
+                self.client
+                    .query_typed_opt(sql.text, &typed(sql, params))
+                    .await
+            }
+        }
+    }
+
+    pub(crate) async fn execute(
+        self,
+        statement: &Stmt,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        match statement {
+            Stmt::Prepared(statement) => self.client.execute(statement, params).await,
+            Stmt::Typed(sql) => {
+                self.client
+                    .execute_typed(sql.text, &typed(sql, params))
+                    .await
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Db<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Db")
+            .field("prepared", &self.prepared)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Pairs each parameter with its declared type.
+fn typed<'p>(sql: &Sql, params: &[&'p (dyn ToSql + Sync)]) -> Vec<(&'p (dyn ToSql + Sync), Type)> {
+    debug_assert_eq!(params.len(), sql.types.len(), "{}", sql.text);
+    params
+        .iter()
+        .copied()
+        .zip(sql.types.iter().cloned())
+        .collect()
+}
 
 /// One migration file, embedded at compile time.
 struct Migration {
@@ -38,6 +179,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "lease_state",
         sql: include_str!("../migrations/0003_lease_state.sql"),
     },
+    Migration {
+        version: 4,
+        name: "claim_function",
+        sql: include_str!("../migrations/0004_claim_function.sql"),
+    },
 ];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
@@ -53,10 +199,16 @@ const MIGRATION_LOCK: i64 = 0x6178_6964_656d_0001;
 /// # Ok(()) }
 /// ```
 pub async fn migrate(pool: &Pool) -> Result<(), Error> {
+    // Safe behind a transaction-pooling PgBouncer, whatever the prepared-statement setting:
+    // everything runs in one transaction (so on one server connection), and only as simple
+    // queries and unnamed typed statements — nothing prepared survives the transaction.
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await?;
+    tx.execute_typed(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[(&MIGRATION_LOCK, Type::INT8)],
+    )
+    .await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (
             version    integer     PRIMARY KEY,
@@ -66,7 +218,7 @@ pub async fn migrate(pool: &Pool) -> Result<(), Error> {
     )
     .await?;
     let current: i32 = tx
-        .query_one(
+        .query_typed_one(
             "SELECT coalesce(max(version), 0) FROM axum_idempotency_migrations",
             &[],
         )
@@ -81,9 +233,12 @@ pub async fn migrate(pool: &Pool) -> Result<(), Error> {
     }
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
         tx.batch_execute(migration.sql).await?;
-        tx.execute(
+        tx.execute_typed(
             "INSERT INTO axum_idempotency_migrations (version, name) VALUES ($1, $2)",
-            &[&migration.version, &migration.name],
+            &[
+                (&migration.version, Type::INT4),
+                (&migration.name, Type::TEXT),
+            ],
         )
         .await?;
         tracing::info!(
@@ -96,27 +251,51 @@ pub async fn migrate(pool: &Pool) -> Result<(), Error> {
     Ok(())
 }
 
-const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock($1)";
-const WAIT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)::text";
-const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+/// The default claim: see [`claim`] and migration 0004.
+const CLAIM: Sql = Sql {
+    text: "SELECT * FROM axum_idempotency_claim($1, $2)",
+    types: &[Type::UUID, Type::INT8],
+};
+const WAIT_LOCK: Sql = Sql {
+    text: "SELECT pg_advisory_xact_lock($1)::text",
+    types: &[Type::INT8],
+};
+const SET_LOCK_TIMEOUT: Sql = Sql {
+    text: "SELECT set_config('lock_timeout', $1, true)",
+    types: &[Type::TEXT],
+};
 /// The wait's lock timeout must not apply to the handler's own statements.
 const RESET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout TO DEFAULT";
-const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= now(), state, \
+const LOOKUP: Sql = Sql {
+    text: "SELECT status, headers, body, fingerprint, expires_at <= now(), state, \
                       retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
                       extract(epoch FROM expires_at - now())::float8 \
-                      FROM idempotency_records WHERE id = $1";
-/// The savepoint that lets a stored 4xx discard the handler's writes but keep the lock.
-pub(crate) const SAVEPOINT_NAME: &str = "axum_idempotency";
-const SAVEPOINT: &str = "SAVEPOINT axum_idempotency";
-const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT axum_idempotency";
+                      FROM idempotency_records WHERE id = $1",
+    types: &[Type::UUID],
+};
 /// Removes a record the claim found replaceable (expired, an abandoned lease, a retryable
 /// failure), under the key's lock.
-const DELETE_REPLACEABLE: &str = "DELETE FROM idempotency_records WHERE id = $1 \
+const DELETE_REPLACEABLE: Sql = Sql {
+    text: "DELETE FROM idempotency_records WHERE id = $1 \
     AND (expires_at <= now() OR (state = 'PROCESSING' AND locked_until <= now()) \
-         OR (state = 'FAILED' AND retryable))";
-const INSERT: &str = "INSERT INTO idempotency_records \
+         OR (state = 'FAILED' AND retryable))",
+    types: &[Type::UUID],
+};
+const INSERT: Sql = Sql {
+    text: "INSERT INTO idempotency_records \
                       (id, scope, idempotency_key, fingerprint, status, headers, body, expires_at) \
-                      VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))";
+                      VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))",
+    types: &[
+        Type::UUID,
+        Type::TEXT,
+        Type::TEXT,
+        Type::BYTEA,
+        Type::INT2,
+        Type::BYTEA,
+        Type::BYTEA,
+        Type::FLOAT8,
+    ],
+};
 
 /// A completed response as stored.
 #[derive(Debug)]
@@ -186,93 +365,95 @@ pub(crate) enum Claim {
     Run { replaces: bool },
     /// Another transaction holds the lock: the key is in flight.
     InFlight,
-    /// A record that this request may not replace.
-    Existing(Existing),
+    /// A record that this request may not replace; `holds_lock` says whether the key's
+    /// lock was taken (and must be released before answering).
+    Existing {
+        existing: Existing,
+        holds_lock: bool,
+    },
 }
 
-/// Opens the transaction, takes the key's advisory lock and looks the record up — one round
-/// trip once the statements are prepared. The lookup runs after the lock in its own
-/// statement, so its READ COMMITTED snapshot sees whatever the previous holder committed.
+/// Opens the transaction and claims the key — one round trip once prepared.
+///
+/// By default, `BEGIN` and one call of `axum_idempotency_claim` (migration 0004) are
+/// pipelined: a completed record is returned without taking the lock (it never changes);
+/// otherwise the key's transaction-scoped advisory lock is tried and the record read again
+/// in a fresh READ COMMITTED snapshot. With `wait`, the lock is awaited (bounded by a
+/// transaction-local `lock_timeout`, reset before the handler runs) and the lookup runs as
+/// a statement of its own after it.
 pub(crate) async fn claim(
-    client: &ClientWrapper,
+    db: Db<'_>,
     id: RecordId,
     fingerprint: Fingerprint,
     wait: Option<std::time::Duration>,
 ) -> Result<Claim, tokio_postgres::Error> {
-    let lookup = client.prepare_cached(LOOKUP).await?;
+    let client = db.client();
     let lock_key = id.lock_key();
-    let (locked, found) = match wait {
-        None => {
-            let lock = client.prepare_cached(TRY_LOCK).await?;
-            let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
-            let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
-            let (begin, locked, found, savepoint) = tokio::join!(
-                client.batch_execute("BEGIN"),
-                client.query_one(&lock, &lock_params),
-                client.query_opt(&lookup, &lookup_params),
-                client.batch_execute(SAVEPOINT),
-            );
-            begin?;
-            let locked: bool = locked?.get(0);
-            if !locked {
-                return Ok(Claim::InFlight);
-            }
-            savepoint?;
-            (locked, found?)
-        }
-        Some(wait) => {
-            let set_timeout = client.prepare_cached(SET_LOCK_TIMEOUT).await?;
-            let lock = client.prepare_cached(WAIT_LOCK).await?;
-            let timeout = format!("{}ms", wait.as_millis().max(1));
-            let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
-            let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
-            let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
-            let (begin, timeout_set, locked, reset, found, savepoint) = tokio::join!(
-                client.batch_execute("BEGIN"),
-                client.query_one(&set_timeout, &timeout_params),
-                client.query_one(&lock, &lock_params),
-                client.batch_execute(RESET_LOCK_TIMEOUT),
-                client.query_opt(&lookup, &lookup_params),
-                client.batch_execute(SAVEPOINT),
-            );
-            begin?;
-            timeout_set?;
-            match locked {
-                Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                    return Ok(Claim::InFlight);
-                }
-                locked => locked?,
-            };
-            reset?;
-            savepoint?;
-            (true, found?)
-        }
+    let Some(wait) = wait else {
+        let claim = db.prepare(&CLAIM).await?;
+        let params: [&(dyn ToSql + Sync); 2] = [&id, &lock_key];
+        let (begin, row) =
+            tokio::join!(client.batch_execute("BEGIN"), db.query_one(&claim, &params),);
+        begin?;
+        let row = row?;
+        let locked: bool = row.try_get(9)?;
+        let found: bool = row.try_get(10)?;
+        return match (locked, found) {
+            (false, false) => Ok(Claim::InFlight),
+            (true, false) => Ok(Claim::Run { replaces: false }),
+            (holds_lock, true) => classify(existing(&row)?, fingerprint, holds_lock),
+        };
     };
-    debug_assert!(locked);
-    classify(found, fingerprint)
+    let lookup = db.prepare(&LOOKUP).await?;
+    let set_timeout = db.prepare(&SET_LOCK_TIMEOUT).await?;
+    let lock = db.prepare(&WAIT_LOCK).await?;
+    let timeout = format!("{}ms", wait.as_millis().max(1));
+    let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
+    let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+    let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
+    let (begin, timeout_set, locked, reset, found) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        db.query_one(&set_timeout, &timeout_params),
+        db.query_one(&lock, &lock_params),
+        client.batch_execute(RESET_LOCK_TIMEOUT),
+        db.query_opt(&lookup, &lookup_params),
+    );
+    begin?;
+    timeout_set?;
+    match locked {
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+            return Ok(Claim::InFlight);
+        }
+        locked => locked?,
+    };
+    reset?;
+    match found? {
+        None => Ok(Claim::Run { replaces: false }),
+        Some(row) => classify(existing(&row)?, fingerprint, true),
+    }
 }
 
 fn classify(
-    found: Option<tokio_postgres::Row>,
+    existing: Existing,
     fingerprint: Fingerprint,
+    holds_lock: bool,
 ) -> Result<Claim, tokio_postgres::Error> {
-    let Some(row) = found else {
-        return Ok(Claim::Run { replaces: false });
-    };
-    let existing = existing(&row)?;
-    if existing.can_be_replaced_by(fingerprint) {
+    if holds_lock && existing.can_be_replaced_by(fingerprint) {
         return Ok(Claim::Run { replaces: true });
     }
-    Ok(Claim::Existing(existing))
+    Ok(Claim::Existing {
+        existing,
+        holds_lock,
+    })
 }
 
 /// Looks a record up outside any transaction (after the unique-key backstop fired).
 pub(crate) async fn lookup(
-    client: &ClientWrapper,
+    db: Db<'_>,
     id: RecordId,
 ) -> Result<Option<Existing>, tokio_postgres::Error> {
-    let lookup = client.prepare_cached(LOOKUP).await?;
-    match client.query_opt(&lookup, &[&id]).await? {
+    let lookup = db.prepare(&LOOKUP).await?;
+    match db.query_opt(&lookup, &[&id]).await? {
         Some(row) => Ok(Some(existing(&row)?).filter(|existing| !existing.expired)),
         None => Ok(None),
     }
@@ -280,7 +461,8 @@ pub(crate) async fn lookup(
 
 /// Lease mode: take the key by committing a PROCESSING record, or take over one whose
 /// holder's lease ran out (or that failed retryably), with the next fencing token.
-const LEASE_ACQUIRE: &str = "INSERT INTO idempotency_records AS r \
+const LEASE_ACQUIRE: Sql = Sql {
+    text: "INSERT INTO idempotency_records AS r \
     (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
      status, headers, body, expires_at) \
     VALUES ($1, $2, $3, $4, 'PROCESSING', 1, now() + make_interval(secs => $5), \
@@ -296,13 +478,34 @@ const LEASE_ACQUIRE: &str = "INSERT INTO idempotency_records AS r \
        OR (r.fingerprint = EXCLUDED.fingerprint \
            AND ((r.state = 'PROCESSING' AND r.locked_until <= now()) \
                 OR (r.state = 'FAILED' AND r.retryable))) \
-    RETURNING fencing_token";
+    RETURNING fencing_token",
+    types: &[
+        Type::UUID,
+        Type::TEXT,
+        Type::TEXT,
+        Type::BYTEA,
+        Type::FLOAT8,
+        Type::FLOAT8,
+    ],
+};
 
 /// Lease mode: the holder's completion, fenced by its token.
-const LEASE_COMPLETE: &str = "UPDATE idempotency_records SET \
+const LEASE_COMPLETE: Sql = Sql {
+    text: "UPDATE idempotency_records SET \
         state = $3, retryable = $4, status = $5, headers = $6, body = $7, \
         locked_until = NULL, updated_at = now(), expires_at = now() + make_interval(secs => $8) \
-    WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING'";
+    WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING'",
+    types: &[
+        Type::UUID,
+        Type::INT8,
+        Type::TEXT,
+        Type::BOOL,
+        Type::INT2,
+        Type::BYTEA,
+        Type::BYTEA,
+        Type::FLOAT8,
+    ],
+};
 
 /// What a lease claim found.
 #[derive(Debug)]
@@ -318,12 +521,12 @@ pub(crate) enum LeaseClaim {
 /// Commits the PROCESSING record (autocommit, one statement) and, pipelined in the same
 /// round trip, reads the record in case the key was not free.
 pub(crate) async fn lease_acquire(
-    client: &ClientWrapper,
+    db: Db<'_>,
     record: &NewRecord<'_>,
     lease: std::time::Duration,
 ) -> Result<LeaseClaim, tokio_postgres::Error> {
-    let acquire = client.prepare_cached(LEASE_ACQUIRE).await?;
-    let lookup = client.prepare_cached(LOOKUP).await?;
+    let acquire = db.prepare(&LEASE_ACQUIRE).await?;
+    let lookup = db.prepare(&LOOKUP).await?;
     let fingerprint = &record.fingerprint.0[..];
     let (lease, ttl) = (lease.as_secs_f64(), record.ttl.as_secs_f64());
     let acquire_params: [&(dyn ToSql + Sync); 6] = [
@@ -336,8 +539,8 @@ pub(crate) async fn lease_acquire(
     ];
     let lookup_params: [&(dyn ToSql + Sync); 1] = [&record.id];
     let (acquired, found) = tokio::join!(
-        client.query_opt(&acquire, &acquire_params),
-        client.query_opt(&lookup, &lookup_params),
+        db.query_opt(&acquire, &acquire_params),
+        db.query_opt(&lookup, &lookup_params),
     );
     if let Some(row) = acquired? {
         return Ok(LeaseClaim::Acquired {
@@ -370,12 +573,12 @@ pub(crate) enum LeaseEnd {
 /// Writes the holder's result if its token is still current. `Ok(false)`: the lease was
 /// taken over, and nothing was written.
 pub(crate) async fn lease_complete(
-    client: &ClientWrapper,
+    db: Db<'_>,
     record: &NewRecord<'_>,
     token: i64,
     end: LeaseEnd,
 ) -> Result<bool, tokio_postgres::Error> {
-    let complete = client.prepare_cached(LEASE_COMPLETE).await?;
+    let complete = db.prepare(&LEASE_COMPLETE).await?;
     let state = match end {
         LeaseEnd::Success => "SUCCESS",
         LeaseEnd::FinalFailure | LeaseEnd::RetryableFailure => "FAILED",
@@ -393,7 +596,7 @@ pub(crate) async fn lease_complete(
         &record.body,
         &ttl,
     ];
-    Ok(client.execute(&complete, &params).await? == 1)
+    Ok(db.execute(&complete, &params).await? == 1)
 }
 
 fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_postgres::Error> {
@@ -436,29 +639,39 @@ pub(crate) enum CommitError {
     Failed(tokio_postgres::Error),
 }
 
-/// Inserts the record and commits — one round trip: (rollback to savepoint), (delete the
-/// record being replaced), insert and COMMIT are pipelined. If any of them fails, PostgreSQL turns
+/// Inserts the record and commits — one round trip: (rollback and re-lock, for a stored 4xx
+/// whose writes are discarded), (delete the record being replaced), insert and COMMIT are
+/// pipelined. If any of them fails, PostgreSQL turns
 /// the COMMIT into a ROLLBACK, so the handler's writes never commit without their record.
 pub(crate) async fn insert_and_commit(
-    client: &ClientWrapper,
+    db: Db<'_>,
     record: &NewRecord<'_>,
-    discard_handler_writes: bool,
+    discard_handler_writes: Option<std::time::Duration>,
     replaces: bool,
 ) -> Result<(), CommitError> {
-    let insert = client
-        .prepare_cached(INSERT)
-        .await
-        .map_err(CommitError::Failed)?;
-    let delete = if replaces {
+    let client = db.client();
+    let insert = db.prepare(&INSERT).await.map_err(CommitError::Failed)?;
+    // After a rollback the transaction starts afresh, so look for a replaceable record again.
+    let delete = if replaces || discard_handler_writes.is_some() {
         Some(
-            client
-                .prepare_cached(DELETE_REPLACEABLE)
+            db.prepare(&DELETE_REPLACEABLE)
                 .await
                 .map_err(CommitError::Failed)?,
         )
     } else {
         None
     };
+    let relock = match discard_handler_writes {
+        Some(timeout) => Some((
+            db.prepare(&SET_LOCK_TIMEOUT)
+                .await
+                .map_err(CommitError::Failed)?,
+            db.prepare(&WAIT_LOCK).await.map_err(CommitError::Failed)?,
+            format!("{}ms", timeout.as_millis().max(1)),
+        )),
+        None => None,
+    };
+    let lock_key = record.id.lock_key();
     let status = record.status.as_u16() as i16;
     let ttl = record.ttl.as_secs_f64();
     let fingerprint = &record.fingerprint.0[..];
@@ -472,23 +685,38 @@ pub(crate) async fn insert_and_commit(
         &record.body,
         &ttl,
     ];
-    let (rolled_back, deleted, inserted, committed) = tokio::join!(
+    let (relocked, deleted, inserted, committed) = tokio::join!(
         async {
-            match discard_handler_writes {
-                true => client.batch_execute(ROLLBACK_TO_SAVEPOINT).await,
-                false => Ok(()),
-            }
+            let Some((set_timeout, lock, timeout)) = &relock else {
+                return Ok(());
+            };
+            // Discard the handler's writes, then take the key again in a new transaction;
+            // if another request got in between, the insert below meets its record.
+            let timeout_params: [&(dyn ToSql + Sync); 1] = [timeout];
+            let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+            let (rolled_back, begun, timeout_set, locked, reset) = tokio::join!(
+                client.batch_execute("ROLLBACK"),
+                client.batch_execute("BEGIN"),
+                db.query_one(set_timeout, &timeout_params),
+                db.query_one(lock, &lock_params),
+                client.batch_execute(RESET_LOCK_TIMEOUT),
+            );
+            rolled_back?;
+            begun?;
+            timeout_set?;
+            locked?;
+            reset
         },
         async {
             match &delete {
-                Some(delete) => client.execute(delete, &[&record.id]).await.map(drop),
+                Some(delete) => db.execute(delete, &[&record.id]).await.map(drop),
                 None => Ok(()),
             }
         },
-        client.execute(&insert, &insert_params),
+        db.execute(&insert, &insert_params),
         client.batch_execute("COMMIT"),
     );
-    rolled_back.map_err(CommitError::Failed)?;
+    relocked.map_err(CommitError::Failed)?;
     deleted.map_err(CommitError::Failed)?;
     match inserted {
         Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
@@ -510,17 +738,41 @@ pub(crate) struct InboxRecord {
     pub(crate) payload_digest: Option<Vec<u8>>,
 }
 
-const INBOX_LOOKUP: &str = "SELECT status = 'SUCCESS', attempts, last_error, expires_at > now(), \
+const INBOX_LOOKUP: Sql = Sql {
+    text: "SELECT status = 'SUCCESS', attempts, last_error, expires_at > now(), \
                             payload_digest FROM inbox_messages \
-                            WHERE consumer_group = $1 AND message_id = $2";
-const INBOX_INSERT_SUCCESS: &str = "INSERT INTO inbox_messages \
+                            WHERE consumer_group = $1 AND message_id = $2",
+    types: &[Type::TEXT, Type::TEXT],
+};
+const INBOX_INSERT_SUCCESS: Sql = Sql {
+    text: "INSERT INTO inbox_messages \
     (consumer_group, message_id, status, attempts, payload_digest, payload, expires_at) \
-    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, now() + make_interval(secs => $6))";
-const INBOX_UPDATE_SUCCESS: &str = "UPDATE inbox_messages SET status = 'SUCCESS', attempts = $3, \
+    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, now() + make_interval(secs => $6))",
+    types: &[
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::BYTEA,
+        Type::BYTEA,
+        Type::FLOAT8,
+    ],
+};
+const INBOX_UPDATE_SUCCESS: Sql = Sql {
+    text: "UPDATE inbox_messages SET status = 'SUCCESS', attempts = $3, \
     payload_digest = $4, payload = $5, last_error = NULL, updated_at = now(), \
     expires_at = now() + make_interval(secs => $6) \
-    WHERE consumer_group = $1 AND message_id = $2";
-const INBOX_RECORD_FAILURE: &str = "INSERT INTO inbox_messages AS m \
+    WHERE consumer_group = $1 AND message_id = $2",
+    types: &[
+        Type::TEXT,
+        Type::TEXT,
+        Type::INT4,
+        Type::BYTEA,
+        Type::BYTEA,
+        Type::FLOAT8,
+    ],
+};
+const INBOX_RECORD_FAILURE: Sql = Sql {
+    text: "INSERT INTO inbox_messages AS m \
     (consumer_group, message_id, status, attempts, payload_digest, payload, last_error, expires_at) \
     VALUES ($1, $2, 'FAILED', 1, $3, $4, $5, now() + make_interval(secs => $6)) \
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
@@ -529,21 +781,31 @@ const INBOX_RECORD_FAILURE: &str = "INSERT INTO inbox_messages AS m \
         payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
         last_error = EXCLUDED.last_error, updated_at = now(), expires_at = EXCLUDED.expires_at \
     WHERE m.status = 'FAILED' OR m.expires_at <= now() \
-    RETURNING attempts";
+    RETURNING attempts",
+    types: &[
+        Type::TEXT,
+        Type::TEXT,
+        Type::BYTEA,
+        Type::BYTEA,
+        Type::TEXT,
+        Type::FLOAT8,
+    ],
+};
 
 /// Begins the message's transaction, waits (bounded) for its advisory lock, and reads its
 /// record — one round trip once prepared. `Ok(None)` from the outer option means the lock
 /// was not granted in time.
 pub(crate) async fn inbox_claim(
-    client: &ClientWrapper,
+    db: Db<'_>,
     id: RecordId,
     group: &str,
     message_id: &str,
     wait: std::time::Duration,
 ) -> Result<Option<Option<InboxRecord>>, tokio_postgres::Error> {
-    let set_timeout = client.prepare_cached(SET_LOCK_TIMEOUT).await?;
-    let lock = client.prepare_cached(WAIT_LOCK).await?;
-    let lookup = client.prepare_cached(INBOX_LOOKUP).await?;
+    let client = db.client();
+    let set_timeout = db.prepare(&SET_LOCK_TIMEOUT).await?;
+    let lock = db.prepare(&WAIT_LOCK).await?;
+    let lookup = db.prepare(&INBOX_LOOKUP).await?;
     let timeout = format!("{}ms", wait.as_millis().max(1));
     let lock_key = id.lock_key();
     let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
@@ -551,10 +813,10 @@ pub(crate) async fn inbox_claim(
     let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
     let (begin, timeout_set, locked, reset, found) = tokio::join!(
         client.batch_execute("BEGIN"),
-        client.query_one(&set_timeout, &timeout_params),
-        client.query_one(&lock, &lock_params),
+        db.query_one(&set_timeout, &timeout_params),
+        db.query_one(&lock, &lock_params),
         client.batch_execute(RESET_LOCK_TIMEOUT),
-        client.query_opt(&lookup, &lookup_params),
+        db.query_opt(&lookup, &lookup_params),
     );
     begin?;
     timeout_set?;
@@ -587,17 +849,17 @@ pub(crate) struct InboxWrite<'a> {
 
 /// Records success and commits with the consumer's work, pipelined in one round trip.
 pub(crate) async fn inbox_commit(
-    client: &ClientWrapper,
+    db: Db<'_>,
     write: &InboxWrite<'_>,
     attempts: i32,
     record_exists: bool,
 ) -> Result<(), tokio_postgres::Error> {
     let sql = if record_exists {
-        INBOX_UPDATE_SUCCESS
+        &INBOX_UPDATE_SUCCESS
     } else {
-        INBOX_INSERT_SUCCESS
+        &INBOX_INSERT_SUCCESS
     };
-    let statement = client.prepare_cached(sql).await?;
+    let statement = db.prepare(sql).await?;
     let retention = write.retention.as_secs_f64();
     let params: [&(dyn ToSql + Sync); 6] = [
         &write.group,
@@ -608,8 +870,8 @@ pub(crate) async fn inbox_commit(
         &retention,
     ];
     let (written, committed) = tokio::join!(
-        client.execute(&statement, &params),
-        client.batch_execute("COMMIT"),
+        db.execute(&statement, &params),
+        db.client().batch_execute("COMMIT"),
     );
     written?;
     committed
@@ -618,11 +880,11 @@ pub(crate) async fn inbox_commit(
 /// Records a failed attempt after the rollback, in a transaction of its own. Returns the
 /// attempt count, or `None` if the message has meanwhile succeeded elsewhere.
 pub(crate) async fn inbox_record_failure(
-    client: &ClientWrapper,
+    db: Db<'_>,
     write: &InboxWrite<'_>,
     error: &str,
 ) -> Result<Option<i32>, tokio_postgres::Error> {
-    let statement = client.prepare_cached(INBOX_RECORD_FAILURE).await?;
+    let statement = db.prepare(&INBOX_RECORD_FAILURE).await?;
     let retention = write.retention.as_secs_f64();
     let params: [&(dyn ToSql + Sync); 6] = [
         &write.group,
@@ -632,7 +894,7 @@ pub(crate) async fn inbox_record_failure(
         &error,
         &retention,
     ];
-    let row = client.query_opt(&statement, &params).await?;
+    let row = db.query_opt(&statement, &params).await?;
     row.map(|row| row.try_get(0)).transpose()
 }
 
@@ -698,6 +960,60 @@ mod tests {
         headers.insert("x-opaque", HeaderValue::from_bytes(b"\xe9t\xe9").unwrap());
         let decoded = decode_headers(&encode_headers(headers.iter()));
         assert_eq!(decoded, headers);
+    }
+
+    /// Every statement's declared parameter types are the ones PostgreSQL infers from its
+    /// text, so running it unprepared with those types (`prepared_statements(false)`) means
+    /// exactly what preparing it means. Needs the database named by `DATABASE_URL`.
+    #[tokio::test]
+    async fn sql_types_match_the_server() {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let schema = format!("axi_sql_types_{}", std::process::id());
+        let mut config: tokio_postgres::Config = url.parse().unwrap();
+        config.options(format!("-c search_path={schema}"));
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+            ))
+            .await
+            .unwrap();
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = Pool::builder(manager).max_size(1).build().unwrap();
+        migrate(&pool).await.unwrap();
+        pool.close();
+
+        let ours: &[&Sql] = &[
+            &CLAIM,
+            &WAIT_LOCK,
+            &SET_LOCK_TIMEOUT,
+            &LOOKUP,
+            &DELETE_REPLACEABLE,
+            &INSERT,
+            &LEASE_ACQUIRE,
+            &LEASE_COMPLETE,
+            &INBOX_LOOKUP,
+            &INBOX_INSERT_SUCCESS,
+            &INBOX_UPDATE_SUCCESS,
+            &INBOX_RECORD_FAILURE,
+        ];
+        let all = ours
+            .iter()
+            .chain(crate::sweeper::STATEMENTS)
+            .chain(crate::admin::STATEMENTS);
+        let mut checked = 0;
+        for sql in all {
+            let inferred = client.prepare(sql.text).await.unwrap();
+            assert_eq!(inferred.params(), sql.types, "{}", sql.text);
+            checked += 1;
+        }
+        assert_eq!(checked, 21);
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
     }
 
     #[test]

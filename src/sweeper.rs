@@ -40,11 +40,12 @@ use std::time::Duration;
 use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::key::hex;
+use crate::store::{Db, Sql};
 use crate::telemetry;
 
 /// Pause between two batches, so a long purge leaves room for live traffic.
@@ -56,7 +57,8 @@ const STALE_IDS_LOGGED: i64 = 10;
 /// (seconds), `$3` the smaller of the two (lets the `expires_at` index narrow the scan),
 /// `$4` batch size. A PROCESSING record goes only once its lease has lapsed too, and is kept
 /// as long as a failure: it is an attempt that never finished.
-const PURGE_RECORDS: &str = "DELETE FROM idempotency_records WHERE id IN ( \
+const PURGE_RECORDS: Sql = Sql {
+    text: "DELETE FROM idempotency_records WHERE id IN ( \
     SELECT id FROM idempotency_records \
     WHERE expires_at <= now() - make_interval(secs => $3) \
       AND CASE state \
@@ -64,10 +66,13 @@ const PURGE_RECORDS: &str = "DELETE FROM idempotency_records WHERE id IN ( \
           ELSE expires_at <= now() - make_interval(secs => $2) \
                AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= now()) \
           END \
-    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+    LIMIT $4 FOR UPDATE SKIP LOCKED)",
+    types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
+};
 
 /// Expired inbox records, with the same parameters as [`PURGE_RECORDS`].
-const PURGE_MESSAGES: &str = "DELETE FROM inbox_messages \
+const PURGE_MESSAGES: Sql = Sql {
+    text: "DELETE FROM inbox_messages \
     WHERE (consumer_group, message_id) IN ( \
     SELECT consumer_group, message_id FROM inbox_messages \
     WHERE expires_at <= now() - make_interval(secs => $3) \
@@ -75,26 +80,47 @@ const PURGE_MESSAGES: &str = "DELETE FROM inbox_messages \
           WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
           ELSE expires_at <= now() - make_interval(secs => $2) \
           END \
-    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+    LIMIT $4 FOR UPDATE SKIP LOCKED)",
+    types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
+};
 
 /// Count of PROCESSING records past their lease, and seconds since the oldest lease ended.
-const STALE_SUMMARY: &str = "SELECT count(*), \
+const STALE_SUMMARY: Sql = Sql {
+    text: "SELECT count(*), \
     extract(epoch FROM now() - min(locked_until))::float8 \
-    FROM idempotency_records WHERE state = 'PROCESSING' AND locked_until < now()";
+    FROM idempotency_records WHERE state = 'PROCESSING' AND locked_until < now()",
+    types: &[],
+};
 
 /// The ids of the stalest records, for the log. `$1` how many.
-const STALE_IDS: &str = "SELECT uuid_send(id) FROM idempotency_records \
+const STALE_IDS: Sql = Sql {
+    text: "SELECT uuid_send(id) FROM idempotency_records \
     WHERE state = 'PROCESSING' AND locked_until < now() \
-    ORDER BY locked_until LIMIT $1";
+    ORDER BY locked_until LIMIT $1",
+    types: &[Type::INT8],
+};
 
 /// Marks records whose lease ended more than `$1` seconds ago FAILED and retryable, `$2` at
 /// a time. A holder that comes back later finds its fenced completion refused.
-const MARK_STALE_FAILED: &str = "UPDATE idempotency_records \
+const MARK_STALE_FAILED: Sql = Sql {
+    text: "UPDATE idempotency_records \
     SET state = 'FAILED', retryable = true, locked_until = NULL, updated_at = now() \
     WHERE state = 'PROCESSING' AND id IN ( \
     SELECT id FROM idempotency_records \
     WHERE state = 'PROCESSING' AND locked_until < now() - make_interval(secs => $1) \
-    LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    LIMIT $2 FOR UPDATE SKIP LOCKED)",
+    types: &[Type::FLOAT8, Type::INT8],
+};
+
+/// Every statement above, for the check of their declared parameter types.
+#[cfg(test)]
+pub(crate) const STATEMENTS: &[&Sql] = &[
+    &PURGE_RECORDS,
+    &PURGE_MESSAGES,
+    &STALE_SUMMARY,
+    &STALE_IDS,
+    &MARK_STALE_FAILED,
+];
 
 /// Purges expired idempotency and inbox records and reports stale leases, once or on a
 /// timer.
@@ -157,6 +183,7 @@ struct SweeperConfig {
     success_grace: Duration,
     failure_retention: Duration,
     mark_stale_failed_after: Option<Duration>,
+    prepared_statements: bool,
 }
 
 /// What one [`Sweeper::run_once`] did.
@@ -186,6 +213,7 @@ impl Sweeper {
                 success_grace: Duration::ZERO,
                 failure_retention: Duration::from_secs(7 * 24 * 3600),
                 mark_stale_failed_after: None,
+                prepared_statements: true,
             }),
         }
     }
@@ -241,6 +269,18 @@ impl Sweeper {
         self.with(|c| c.mark_stale_failed_after = Some(after))
     }
 
+    /// Whether the sweeper's statements are prepared (once per pooled connection, then
+    /// reused) or sent unprepared with their parameter types, one round trip each.
+    ///
+    /// Default: `true`. Turn it off behind a PgBouncer in transaction pooling mode that
+    /// does not support prepared statements (before 1.21, or `max_prepared_statements`
+    /// unset): there every batch may run on another server connection, where a statement
+    /// prepared earlier does not exist.
+    #[must_use]
+    pub fn prepared_statements(self, enabled: bool) -> Self {
+        self.with(|c| c.prepared_statements = enabled)
+    }
+
     /// Runs one sweep: purges expired records of both tables batch by batch, reports the
     /// PROCESSING records past their lease (metrics, and a warning naming up to ten record
     /// ids, never keys), then marks them failed if configured.
@@ -255,9 +295,9 @@ impl Sweeper {
         let limit = i64::from(config.batch_size);
         let purge_params: [&(dyn ToSql + Sync); 4] = [&success, &failure, &earliest, &limit];
 
-        let purged_records = self.batches(PURGE_RECORDS, &purge_params).await?;
+        let purged_records = self.batches(&PURGE_RECORDS, &purge_params).await?;
         telemetry::purged("idempotency_records", purged_records);
-        let purged_messages = self.batches(PURGE_MESSAGES, &purge_params).await?;
+        let purged_messages = self.batches(&PURGE_MESSAGES, &purge_params).await?;
         telemetry::purged("inbox_messages", purged_messages);
 
         let (stale_processing, oldest_stale) = self.report_stale().await?;
@@ -265,7 +305,7 @@ impl Sweeper {
         let marked_failed = match config.mark_stale_failed_after {
             Some(after) if stale_processing > 0 => {
                 let after = after.as_secs_f64();
-                let marked = self.batches(MARK_STALE_FAILED, &[&after, &limit]).await?;
+                let marked = self.batches(&MARK_STALE_FAILED, &[&after, &limit]).await?;
                 telemetry::stale_marked_failed(marked);
                 if marked > 0 {
                     tracing::info!(marked, "marked stale PROCESSING records FAILED (retryable)");
@@ -287,14 +327,19 @@ impl Sweeper {
     }
 
     /// Runs a batched statement until a batch affects fewer rows than the batch size.
-    async fn batches(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64, Error> {
+    async fn batches(
+        &self,
+        sql: &'static Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
         let batch_size = u64::from(self.config.batch_size);
         let mut total = 0;
         loop {
             // A connection per batch: none is held back from the pool during the pause.
             let client = self.config.pool.get().await?;
-            let statement = client.prepare_cached(sql).await?;
-            let affected = client.execute(&statement, params).await?;
+            let db = Db::new(&client, self.config.prepared_statements);
+            let statement = db.prepare(sql).await?;
+            let affected = db.execute(&statement, params).await?;
             drop(client);
             total += affected;
             if affected < batch_size {
@@ -307,16 +352,17 @@ impl Sweeper {
     /// Counts PROCESSING records past their lease, sets the gauges and logs the stalest ids.
     async fn report_stale(&self) -> Result<(u64, Option<Duration>), Error> {
         let client = self.config.pool.get().await?;
-        let summary = client.prepare_cached(STALE_SUMMARY).await?;
-        let row = client.query_one(&summary, &[]).await?;
+        let db = Db::new(&client, self.config.prepared_statements);
+        let summary = db.prepare(&STALE_SUMMARY).await?;
+        let row = db.query_one(&summary, &[]).await?;
         let count: i64 = row.try_get(0)?;
         let oldest: Option<f64> = row.try_get(1)?;
         let count = u64::try_from(count).unwrap_or(0);
         let oldest = oldest.map(|secs| Duration::try_from_secs_f64(secs).unwrap_or_default());
         telemetry::stale_processing(count, oldest);
         if count > 0 {
-            let ids = client.prepare_cached(STALE_IDS).await?;
-            let rows = client.query(&ids, &[&STALE_IDS_LOGGED]).await?;
+            let ids = db.prepare(&STALE_IDS).await?;
+            let rows = db.query(&ids, &[&STALE_IDS_LOGGED]).await?;
             let ids = rows
                 .iter()
                 .map(|row| {

@@ -15,6 +15,7 @@
 //! | `idempotency_stale_processing_oldest_seconds` | gauge | | how long the oldest of them is past its lease |
 //! | `idempotency_purged_total` | counter | `table` | records purged by the sweeper |
 //! | `idempotency_stale_marked_failed_total` | counter | | stale PROCESSING records the sweeper marked FAILED |
+//! | `idempotency_redis_total` | counter | `result` | the Redis front line (feature `redis`): `hit` (a completed response answered the claim), `miss` (nothing there; PostgreSQL decides), `in_flight` (another request held the key: 409 with no PostgreSQL trip), `error` (a lookup that failed, timed out, found an unreadable value or was skipped during the back-off after a failure, or a failed write; PostgreSQL decides) |
 
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,8 @@ pub(crate) const PURGED: &str = "idempotency_purged_total";
 pub(crate) const STALE_PROCESSING: &str = "idempotency_stale_processing";
 pub(crate) const STALE_OLDEST_SECONDS: &str = "idempotency_stale_processing_oldest_seconds";
 pub(crate) const STALE_MARKED_FAILED: &str = "idempotency_stale_marked_failed_total";
+#[cfg(feature = "redis")]
+pub(crate) const REDIS: &str = "idempotency_redis_total";
 
 /// Outcome of a keyed HTTP request.
 #[derive(Debug, Clone, Copy)]
@@ -101,4 +104,25 @@ pub(crate) fn stale_processing(count: u64, oldest: Option<Duration>) {
 
 pub(crate) fn stale_marked_failed(rows: u64) {
     metrics::counter!(STALE_MARKED_FAILED).increment(rows);
+}
+
+/// What the Redis front line did for a request.
+#[cfg(feature = "redis")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RedisOutcome {
+    Hit,
+    Miss,
+    InFlight,
+    Error,
+}
+
+#[cfg(feature = "redis")]
+pub(crate) fn redis(outcome: RedisOutcome) {
+    let result = match outcome {
+        RedisOutcome::Hit => "hit",
+        RedisOutcome::Miss => "miss",
+        RedisOutcome::InFlight => "in_flight",
+        RedisOutcome::Error => "error",
+    };
+    metrics::counter!(REDIS, "result" => result).increment(1);
 }

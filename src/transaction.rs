@@ -11,8 +11,6 @@ use tokio::sync::{RwLock, RwLockWriteGuard};
 use tokio_postgres::types::{BorrowToSql, ToSql};
 use tokio_postgres::{RowStream, Statement, ToStatement};
 
-use crate::store::SAVEPOINT_NAME;
-
 use crate::Error;
 use crate::key::RecordId;
 
@@ -318,6 +316,13 @@ impl IdempotentTx {
 
     /// Prepares a statement once per pooled connection and returns the cached copy after
     /// that. See [`deadpool_postgres::ClientWrapper::prepare_cached`].
+    ///
+    /// Not behind PgBouncer in transaction pooling mode without prepared-statement support
+    /// (before 1.21, or `max_prepared_statements` unset), where the next request's
+    /// transaction may run on a server connection that never saw the statement: pass the
+    /// SQL text to [`query`](Self::query) and friends instead, and turn the crate's own
+    /// prepared statements off with
+    /// [`IdempotencyLayer::prepared_statements`](crate::IdempotencyLayer::prepared_statements).
     pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {
         self.with_client(Some(query), async |c| c.prepare_cached(query).await)
             .await
@@ -373,31 +378,19 @@ impl TxStatement for Statement {
     }
 }
 
-/// Whether a statement would end the shared transaction, start another one, or undo the
-/// savepoint the layer relies on. (Prepared statements hold exactly one command, so the
-/// first word decides.)
+/// Whether a statement would end the shared transaction or start another one. (Prepared
+/// statements hold exactly one command, so the first words decide.) Savepoints of the
+/// handler's own are fine.
 fn is_transaction_control(sql: &str) -> bool {
     let mut words = sql_words(sql);
-    let first = words.next().unwrap_or_default();
-    match first.as_str() {
+    match words.next().unwrap_or_default().as_str() {
         "BEGIN" | "START" | "COMMIT" | "END" | "ABORT" => true,
         "PREPARE" => words.next().as_deref() == Some("TRANSACTION"),
-        "ROLLBACK" | "RELEASE" => {
-            let mut next = words.next().unwrap_or_default();
-            if first == "ROLLBACK" {
-                if next != "TO" {
-                    return true; // ROLLBACK, ROLLBACK WORK, ROLLBACK PREPARED
-                }
-                next = words.next().unwrap_or_default();
-            }
-            if next == "SAVEPOINT" {
-                next = words.next().unwrap_or_default();
-            }
-            next.eq_ignore_ascii_case(SAVEPOINT_NAME)
+        // ROLLBACK, ROLLBACK WORK, ROLLBACK PREPARED — but not ROLLBACK TO a savepoint.
+        "ROLLBACK" => {
+            let next = words.next().unwrap_or_default();
+            next != "TO" && words.next().as_deref() != Some("TO")
         }
-        "SAVEPOINT" => words
-            .next()
-            .is_some_and(|name| name.eq_ignore_ascii_case(SAVEPOINT_NAME)),
         _ => false,
     }
 }
@@ -445,10 +438,6 @@ mod tests {
             "START TRANSACTION",
             "ABORT",
             "PREPARE TRANSACTION 'x'",
-            "RELEASE SAVEPOINT axum_idempotency",
-            "release axum_idempotency",
-            "ROLLBACK TO SAVEPOINT \"axum_idempotency\"",
-            "SAVEPOINT axum_idempotency",
         ] {
             assert!(is_transaction_control(sql), "{sql}");
         }
@@ -462,6 +451,7 @@ mod tests {
             "SAVEPOINT mine",
             "ROLLBACK TO SAVEPOINT mine",
             "ROLLBACK TO mine",
+            "ROLLBACK WORK TO SAVEPOINT mine",
             "RELEASE SAVEPOINT mine",
             "PREPARE q AS SELECT 1",
             "WITH x AS (SELECT 1) SELECT * FROM x",

@@ -14,6 +14,8 @@ use crate::Rejection;
 use crate::cache::ResponseCache;
 use crate::config::{Config, StoreDecision};
 use crate::fingerprint::parse_pointer;
+#[cfg(feature = "redis")]
+use crate::front::redis::{RedisFront, RedisOptions};
 
 /// Makes POST and PATCH handlers that take [`IdempotentTx`](crate::IdempotentTx) take
 /// effect once per `Idempotency-Key`, storing the response in the same PostgreSQL
@@ -255,6 +257,35 @@ impl IdempotencyLayer {
         self.with(|c| c.lease = lease)
     }
 
+    /// Whether the layer's own statements (claim, lookup, record insert, lease writes) are
+    /// prepared — once per pooled connection, then reused — or sent unprepared, each as one
+    /// round trip of the unnamed statement with its parameter types declared. Pipelining is
+    /// the same either way.
+    ///
+    /// Default: `true`. Turn it off behind PgBouncer in transaction pooling mode when it does
+    /// not support prepared statements — before 1.21, or without `max_prepared_statements`:
+    /// each transaction may then run on another server connection, where a statement
+    /// prepared earlier does not exist, and requests fail with 503. Statements the handler
+    /// runs through [`IdempotentTx`](crate::IdempotentTx) are the handler's business: as
+    /// SQL text they run inside the request's transaction and are fine; do not use
+    /// [`IdempotentTx::prepare_cached`](crate::IdempotentTx::prepare_cached) there. The
+    /// same setting exists on [`Inbox`](crate::Inbox::prepared_statements),
+    /// [`Sweeper`](crate::Sweeper::prepared_statements) and
+    /// [`Admin`](crate::Admin::prepared_statements).
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::IdempotencyLayer;
+    ///
+    /// // `pool` connects through PgBouncer 1.18, pool_mode = transaction.
+    /// let layer = IdempotencyLayer::new(pool).prepared_statements(false);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn prepared_statements(self, enabled: bool) -> Self {
+        self.with(|c| c.prepared_statements = enabled)
+    }
+
     /// Keep completed responses in memory, up to `max_bytes`, and replay them with no
     /// database trip. Completed records never change, so this is safe: entries honour
     /// the record's expiry and replay only to a request with the same scope, key and
@@ -271,6 +302,92 @@ impl IdempotencyLayer {
     #[must_use]
     pub fn cache_responses(self, max_bytes: u64) -> Self {
         self.with(|c| c.cache = Some(Arc::new(ResponseCache::new(max_bytes))))
+    }
+
+    /// Puts Redis in front of PostgreSQL (feature `redis`): "a fast layer in front for
+    /// speed, the database behind it for correctness, never Redis alone". Every app
+    /// instance whose layer uses the same Redis and [prefix](Self::redis_prefix) shares:
+    ///
+    /// - **completed responses**: once a response is stored in PostgreSQL it is also kept
+    ///   in Redis (`<prefix>:resp:<record id>`, for the record's remaining lifetime), and a
+    ///   retry on any instance is replayed from there — or refused with 422 if its
+    ///   fingerprint differs — without a database trip;
+    /// - **an in-flight pre-filter**: before the PostgreSQL claim the request takes
+    ///   `<prefix>:lock:<record id>` (`SET NX` with an expiry of
+    ///   [`handler_timeout`](Self::handler_timeout) plus one second; in lease mode the
+    ///   shorter of that and the [lease](Self::lease)); a duplicate arriving meanwhile gets
+    ///   409 with `Retry-After` at once. The lock is deleted when the request ends.
+    ///
+    /// The lookup and the lock are one atomic script call, one round trip. With
+    /// [`wait_for_in_flight`](Self::wait_for_in_flight) set, no lock is taken and a
+    /// duplicate goes on to wait in PostgreSQL as configured.
+    ///
+    /// PostgreSQL stays the source of truth. A Redis error or an operation slower than
+    /// [`redis_timeout`](Self::redis_timeout) is logged and skipped: the request goes on
+    /// to PostgreSQL and is decided as without Redis — slower, never an error answer,
+    /// never a second execution. After a lost connection, a failed connection attempt or
+    /// a timeout, Redis is left alone for one second, so a dead Redis costs one refused
+    /// connection attempt a second rather than a wait on every request. A lock left by a
+    /// crashed instance only delays retries of its key until the lock expires.
+    ///
+    /// The layer opens one multiplexed connection (shared by its clones) on first use and
+    /// reconnects by itself; outcomes are counted in `idempotency_redis_total`. Layers that
+    /// share a Redis and a prefix must share the database, or one app could replay
+    /// another's responses. Default: no Redis.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) -> Result<(), axum_idempotency::redis::RedisError> {
+    /// use axum_idempotency::IdempotencyLayer;
+    /// use std::time::Duration;
+    ///
+    /// let client = axum_idempotency::redis::Client::open("redis://127.0.0.1:6379")?;
+    /// // Defaults: keys under `axum-idempotency:`, 200 ms per Redis operation.
+    /// let layer = IdempotencyLayer::new(pool.clone()).redis(client.clone());
+    ///
+    /// // Customised: a prefix of this service's own, a tighter deadline.
+    /// let layer = IdempotencyLayer::new(pool)
+    ///     .redis(client)
+    ///     .redis_prefix("orders-api")
+    ///     .redis_timeout(Duration::from_millis(50));
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    #[must_use]
+    pub fn redis(self, client: redis::Client) -> Self {
+        self.with(|c| {
+            let front = RedisFront::new(client, c.redis_options.clone());
+            c.redis = Some(Arc::new(front));
+        })
+    }
+
+    /// The prefix of every Redis key the layer writes (see [`redis`](Self::redis)). Give
+    /// each service (each database) a prefix of its own when they share a Redis. Default:
+    /// `axum-idempotency`.
+    #[cfg(feature = "redis")]
+    #[must_use]
+    pub fn redis_prefix(self, prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
+        self.with_redis_options(|options| options.prefix = prefix)
+    }
+
+    /// Deadline for each Redis operation, connecting included; past it the request goes on
+    /// with PostgreSQL alone (see [`redis`](Self::redis)). Default: 200 milliseconds.
+    #[cfg(feature = "redis")]
+    #[must_use]
+    pub fn redis_timeout(self, timeout: Duration) -> Self {
+        self.with_redis_options(|options| options.timeout = timeout)
+    }
+
+    #[cfg(feature = "redis")]
+    fn with_redis_options(self, f: impl FnOnce(&mut RedisOptions)) -> Self {
+        self.with(|c| {
+            f(&mut c.redis_options);
+            if let Some(front) = &c.redis {
+                let front = RedisFront::new(front.client().clone(), c.redis_options.clone());
+                c.redis = Some(Arc::new(front));
+            }
+        })
     }
 
     /// Waits for the requests still finishing after their clients went away (see

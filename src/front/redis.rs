@@ -1,0 +1,588 @@
+//! The optional Redis front line (feature `redis`): "a fast layer in front for speed, the
+//! database behind it for correctness, never Redis alone".
+//!
+//! Two things, both shared by every app instance that uses the same Redis and prefix:
+//!
+//! - **Completed responses.** After a response is stored in PostgreSQL it is also written to
+//!   `<prefix>:resp:<record id>` with the record's remaining lifetime, so a retry that lands
+//!   on any instance is replayed (or refused with 422) without a database trip.
+//! - **An in-flight pre-filter.** Before the PostgreSQL claim, `SET <prefix>:lock:<record id>
+//!   NX PX <deadline>`; if another request holds it, the answer is 409 at once. The lock is
+//!   deleted when the request ends and expires on its own (handler deadline plus a margin),
+//!   so a crashed holder can only delay a retry, never refuse it for good.
+//!
+//! The lookup and the lock are one script call (`EVALSHA`), one round trip, atomic in Redis:
+//! a replay never takes a lock it would have to give back. Storing the response and
+//! deleting the lock after the commit are one pipelined round trip. Every Redis error or
+//! timeout is logged and skipped: the request goes on to PostgreSQL, which decides as it
+//! would without Redis. After a lost connection, a failed connection attempt or a timeout,
+//! Redis is left alone for [`BACKOFF`], so a dead Redis costs one connection attempt per
+//! back-off, not a timeout per request. A lock that could not be deleted is deleted after
+//! the next reconnect (a Redis that keeps its data would otherwise hold it to its expiry).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, Script, Value};
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use crate::fingerprint::Fingerprint;
+use crate::key::RecordId;
+use crate::store;
+use crate::telemetry::{self, RedisOutcome};
+
+/// Key prefix unless [`IdempotencyLayer::redis_prefix`](crate::IdempotencyLayer::redis_prefix)
+/// says otherwise.
+pub(crate) const DEFAULT_PREFIX: &str = "axum-idempotency";
+/// Per-operation deadline (connecting included) unless
+/// [`IdempotencyLayer::redis_timeout`](crate::IdempotencyLayer::redis_timeout) says otherwise.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long Redis is skipped after a failed connection, a lost one or a timeout.
+pub(crate) const BACKOFF: Duration = Duration::from_secs(1);
+/// Added to the request's deadline for the lock's expiry.
+pub(crate) const LOCK_MARGIN: Duration = Duration::from_secs(1);
+
+/// Version byte of the stored response encoding.
+const FORMAT: u8 = 1;
+/// Locks kept for deletion after a reconnect, at most; the rest expire on their own.
+const MAX_UNRELEASED: usize = 10_000;
+
+/// `KEYS[1]` the response, `KEYS[2]` the lock, `ARGV[1]` the lock's lifetime in ms (`0`:
+/// take no lock). Answers `{response, pttl}`, or `LOCKED`, `HELD` or `NOT_LOCKED`.
+static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local response = redis.call('GET', KEYS[1])
+if response then
+  return {response, redis.call('PTTL', KEYS[1])}
+end
+if ARGV[1] == '0' then
+  return 2
+end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then
+  return 1
+end
+return 0
+",
+    )
+});
+const LOCKED: i64 = 1;
+const NOT_LOCKED: i64 = 2;
+const HELD: i64 = 0;
+
+/// Settings that may be given before or after the client.
+#[derive(Debug, Clone)]
+pub(crate) struct RedisOptions {
+    pub(crate) prefix: String,
+    pub(crate) timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            prefix: DEFAULT_PREFIX.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// A completed response read from Redis.
+#[derive(Debug)]
+pub(crate) struct RedisResponse {
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+    /// The key's remaining lifetime, if Redis told it.
+    pub(crate) ttl: Option<Duration>,
+}
+
+/// What Redis said about a key before the PostgreSQL claim.
+#[derive(Debug)]
+pub(crate) enum Lookup {
+    /// A completed response (the caller checks the fingerprint).
+    Hit(RedisResponse),
+    /// Nothing completed; `locked` if this request now holds the in-flight lock.
+    Miss { locked: bool },
+    /// Another request holds the in-flight lock.
+    InFlight,
+    /// Redis did not answer; PostgreSQL decides.
+    Unavailable,
+}
+
+/// One layer's Redis client, connection and back-off state. Shared by every clone of the
+/// layer through the configuration's `Arc`.
+pub(crate) struct RedisFront {
+    client: Client,
+    options: RedisOptions,
+    link: Mutex<Link>,
+    generations: AtomicU64,
+}
+
+#[derive(Default)]
+struct Link {
+    /// The live connection and its generation (a failure on an older one is ignored).
+    conn: Option<(u64, MultiplexedConnection)>,
+    /// No connection attempt before this instant.
+    retry_at: Option<Instant>,
+    /// One request is connecting; the others skip Redis meanwhile.
+    connecting: bool,
+    /// The last attempt failed (log level: warn on the way down, debug while down).
+    down: bool,
+    /// Locks to delete once Redis answers again (bounded by [`MAX_UNRELEASED`]).
+    unreleased: Vec<RecordId>,
+}
+
+impl RedisFront {
+    pub(crate) fn new(client: Client, options: RedisOptions) -> Self {
+        Self {
+            client,
+            options,
+            link: Mutex::new(Link::default()),
+            generations: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    fn key(&self, kind: &str, id: RecordId) -> String {
+        format!("{}:{kind}:{}", self.options.prefix, id.to_hex())
+    }
+
+    fn link(&self) -> MutexGuard<'_, Link> {
+        self.link.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Looks the key's completed response up and, with `lock` set and no response found,
+    /// takes the in-flight lock for that long: one round trip, atomic in Redis, so a replay
+    /// never takes a lock it would have to give back.
+    pub(crate) async fn lookup(&self, id: RecordId, lock: Option<Duration>) -> Lookup {
+        let resp = self.key("resp", id);
+        let lock_key = self.key("lock", id);
+        let lock_ms = lock.map_or(0, |lock_for| millis(lock_for).max(1));
+        let answer = self
+            .run("lookup", |mut conn| async move {
+                LOOKUP
+                    .key(resp)
+                    .key(lock_key)
+                    .arg(lock_ms)
+                    .invoke_async::<Value>(&mut conn)
+                    .await
+            })
+            .await;
+        let answer = match answer {
+            Ran::Done(answer) => answer,
+            Ran::Failed | Ran::Skipped => {
+                telemetry::redis(RedisOutcome::Error);
+                return Lookup::Unavailable;
+            }
+        };
+        let lookup = match answer {
+            Value::Array(found) => match <[Value; 2]>::try_from(found) {
+                Ok([Value::BulkString(value), Value::Int(pttl)]) => {
+                    match decode(Bytes::from(value), pttl) {
+                        Some(response) => Lookup::Hit(response),
+                        None => {
+                            tracing::debug!(record = %id, "undecodable response in Redis; asking PostgreSQL");
+                            Lookup::Unavailable
+                        }
+                    }
+                }
+                _ => Lookup::Unavailable,
+            },
+            Value::Int(LOCKED) => Lookup::Miss { locked: true },
+            Value::Int(HELD) => Lookup::InFlight,
+            Value::Int(NOT_LOCKED) => Lookup::Miss { locked: false },
+            _ => Lookup::Unavailable,
+        };
+        telemetry::redis(match lookup {
+            Lookup::Hit(_) => RedisOutcome::Hit,
+            Lookup::Miss { .. } => RedisOutcome::Miss,
+            Lookup::InFlight => RedisOutcome::InFlight,
+            Lookup::Unavailable => RedisOutcome::Error,
+        });
+        lookup
+    }
+
+    /// Shares a response PostgreSQL has stored, for `ttl` (the record's remaining
+    /// lifetime), and with `release` deletes this request's lock in the same round trip.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn store(
+        &self,
+        id: RecordId,
+        fingerprint: Fingerprint,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+        ttl: Duration,
+        release: bool,
+    ) {
+        let ttl = millis(ttl);
+        if ttl == 0 && !release {
+            return;
+        }
+        let mut pipe = ::redis::pipe();
+        if ttl > 0 {
+            pipe.cmd("SET")
+                .arg(self.key("resp", id))
+                .arg(encode(fingerprint, status, headers, body))
+                .arg("PX")
+                .arg(ttl)
+                .ignore();
+        }
+        if release {
+            pipe.cmd("DEL").arg(self.key("lock", id)).ignore();
+        }
+        let ran = self
+            .run("store", |mut conn| async move {
+                pipe.query_async::<()>(&mut conn).await
+            })
+            .await;
+        if release && !matches!(ran, Ran::Done(())) {
+            self.release_later(id);
+        }
+        if let Ran::Failed = ran {
+            telemetry::redis(RedisOutcome::Error);
+        }
+    }
+
+    /// Deletes this request's in-flight lock.
+    pub(crate) async fn release(&self, id: RecordId) {
+        let key = self.key("lock", id);
+        let ran = self
+            .run("release", |mut conn| async move {
+                ::redis::cmd("DEL")
+                    .arg(key)
+                    .query_async::<()>(&mut conn)
+                    .await
+            })
+            .await;
+        if !matches!(ran, Ran::Done(())) {
+            self.release_later(id);
+        }
+        if let Ran::Failed = ran {
+            telemetry::redis(RedisOutcome::Error);
+        }
+    }
+
+    /// [`release`](Self::release) in a task of its own, when no one should wait for it.
+    pub(crate) fn release_in_background(self: &Arc<Self>, id: RecordId) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let front = Arc::clone(self);
+                runtime.spawn(async move { front.release(id).await });
+            }
+            Err(_) => self.release_later(id),
+        }
+    }
+
+    /// A lock that could not be deleted now is deleted after the next (re)connect, so a
+    /// Redis that keeps its data does not hold finished keys until their locks expire.
+    fn release_later(&self, id: RecordId) {
+        let mut link = self.link();
+        if link.unreleased.len() < MAX_UNRELEASED {
+            link.unreleased.push(id);
+        }
+    }
+
+    /// Deletes the locks [`release_later`](Self::release_later) kept, on a fresh connection.
+    fn release_kept(&self, ids: Vec<RecordId>, conn: &MultiplexedConnection) {
+        let mut conn = conn.clone();
+        let keys: Vec<String> = ids.into_iter().map(|id| self.key("lock", id)).collect();
+        let timeout = self.options.timeout;
+        tokio::spawn(async move {
+            for chunk in keys.chunks(1000) {
+                let mut del = ::redis::cmd("DEL");
+                del.arg(chunk);
+                let deleted = tokio::time::timeout(timeout, del.query_async::<()>(&mut conn)).await;
+                if !matches!(deleted, Ok(Ok(()))) {
+                    tracing::debug!("could not delete kept locks; they expire on their own");
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Runs one operation on the connection, under the deadline.
+    async fn run<T, F, Fut>(&self, what: &'static str, operation: F) -> Ran<T>
+    where
+        F: FnOnce(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        let Some((generation, conn)) = self.connection().await else {
+            return Ran::Skipped;
+        };
+        match tokio::time::timeout(self.options.timeout, operation(conn)).await {
+            Ok(Ok(value)) => Ran::Done(value),
+            Ok(Err(error)) => {
+                self.failed(generation, what, Failure::Redis(error));
+                Ran::Failed
+            }
+            Err(_elapsed) => {
+                self.failed(generation, what, Failure::Timeout(self.options.timeout));
+                Ran::Failed
+            }
+        }
+    }
+
+    /// The live connection, or a fresh one unless another request is connecting or the
+    /// back-off after a failure is still running.
+    async fn connection(&self) -> Option<(u64, MultiplexedConnection)> {
+        {
+            let mut link = self.link();
+            if let Some((generation, conn)) = &link.conn {
+                return Some((*generation, conn.clone()));
+            }
+            if link.connecting || link.retry_at.is_some_and(|at| Instant::now() < at) {
+                return None;
+            }
+            link.connecting = true;
+        }
+        // Clears `connecting` even if this request is cancelled mid-attempt.
+        let mut attempt = Attempt {
+            front: self,
+            done: false,
+        };
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.options.timeout))
+            .set_response_timeout(Some(self.options.timeout));
+        let connected = tokio::time::timeout(
+            self.options.timeout,
+            self.client
+                .get_multiplexed_async_connection_with_config(&config),
+        )
+        .await;
+        attempt.done = true;
+        let mut link = self.link();
+        link.connecting = false;
+        match connected {
+            Ok(Ok(conn)) => {
+                let generation = self.generations.fetch_add(1, Ordering::Relaxed) + 1;
+                if link.down {
+                    tracing::info!(prefix = %self.options.prefix, "Redis is reachable again");
+                }
+                link.down = false;
+                link.retry_at = None;
+                link.conn = Some((generation, conn.clone()));
+                let unreleased = std::mem::take(&mut link.unreleased);
+                drop(link);
+                if !unreleased.is_empty() {
+                    self.release_kept(unreleased, &conn);
+                }
+                Some((generation, conn))
+            }
+            Ok(Err(error)) => {
+                self.backoff(&mut link, "connect", &Failure::Redis(error));
+                None
+            }
+            Err(_elapsed) => {
+                self.backoff(
+                    &mut link,
+                    "connect",
+                    &Failure::Timeout(self.options.timeout),
+                );
+                None
+            }
+        }
+    }
+
+    /// A failed operation: an error answer from the server only skips this operation;
+    /// anything else (lost connection, timeout) drops the connection and starts the back-off.
+    fn failed(&self, generation: u64, what: &'static str, failure: Failure) {
+        let mut link = self.link();
+        let current = link.conn.as_ref().is_some_and(|(g, _)| *g == generation);
+        if failure.is_server_answer() || !current {
+            tracing::debug!(operation = what, error = %failure, "Redis operation failed; asking PostgreSQL");
+            return;
+        }
+        link.conn = None;
+        self.backoff(&mut link, what, &failure);
+    }
+
+    fn backoff(&self, link: &mut Link, what: &'static str, error: &Failure) {
+        if link.down {
+            tracing::debug!(operation = what, %error, "Redis still unavailable");
+        } else {
+            tracing::warn!(operation = what, %error, backoff = ?BACKOFF,
+                "Redis unavailable; going on with PostgreSQL alone");
+        }
+        link.down = true;
+        link.retry_at = Some(Instant::now() + BACKOFF);
+    }
+}
+
+/// What [`RedisFront::run`] got.
+enum Ran<T> {
+    Done(T),
+    /// Redis failed or timed out.
+    Failed,
+    /// Not tried: no connection, during the back-off or while another request connects.
+    Skipped,
+}
+
+/// Why a Redis operation gave no answer.
+#[derive(Debug)]
+enum Failure {
+    Redis(RedisError),
+    Timeout(Duration),
+}
+
+impl Failure {
+    /// An error reply (`OOM`, `READONLY`, …): the connection itself is fine.
+    fn is_server_answer(&self) -> bool {
+        matches!(self, Self::Redis(e) if matches!(e.kind(), ErrorKind::Server(_)))
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Redis(error) => error.fmt(f),
+            Self::Timeout(timeout) => write!(f, "no answer within {timeout:?}"),
+        }
+    }
+}
+
+/// A connection attempt in progress; if it is dropped unfinished (the request was
+/// cancelled), the next attempt waits for the back-off.
+struct Attempt<'a> {
+    front: &'a RedisFront,
+    done: bool,
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let mut link = self.front.link();
+            link.connecting = false;
+            link.retry_at = Some(Instant::now() + BACKOFF);
+        }
+    }
+}
+
+impl std::fmt::Debug for RedisFront {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the client: its connection info may hold a password.
+        let link = self.link();
+        f.debug_struct("RedisFront")
+            .field("prefix", &self.options.prefix)
+            .field("timeout", &self.options.timeout)
+            .field("connected", &link.conn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `FORMAT`, fingerprint (32), status (u16), headers' length (u32), headers
+/// ([`store::encode_headers`]), body.
+fn encode(
+    fingerprint: Fingerprint,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Vec<u8> {
+    let headers = store::encode_headers(headers.iter());
+    let mut out = Vec::with_capacity(1 + 32 + 2 + 4 + headers.len() + body.len());
+    out.push(FORMAT);
+    out.extend_from_slice(&fingerprint.0);
+    out.extend_from_slice(&status.as_u16().to_be_bytes());
+    out.extend_from_slice(
+        &u32::try_from(headers.len())
+            .unwrap_or(u32::MAX)
+            .to_be_bytes(),
+    );
+    out.extend_from_slice(&headers);
+    out.extend_from_slice(body);
+    out
+}
+
+/// Reads [`encode`]'s format; `None` for anything else. `pttl` is Redis' `PTTL` answer.
+fn decode(value: Bytes, pttl: i64) -> Option<RedisResponse> {
+    let (&format, rest) = value.split_first()?;
+    if format != FORMAT || rest.len() < 32 + 2 + 4 {
+        return None;
+    }
+    let fingerprint = Fingerprint(rest[..32].try_into().ok()?);
+    let status = StatusCode::from_u16(u16::from_be_bytes(rest[32..34].try_into().ok()?)).ok()?;
+    let headers_len = u32::from_be_bytes(rest[34..38].try_into().ok()?) as usize;
+    let headers_at: usize = 1 + 38;
+    let body_at = headers_at.checked_add(headers_len)?;
+    if body_at > value.len() {
+        return None;
+    }
+    Some(RedisResponse {
+        fingerprint,
+        status,
+        headers: store::decode_headers(&value[headers_at..body_at]),
+        body: value.slice(body_at..),
+        ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    #[test]
+    fn responses_round_trip() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/json"));
+        headers.insert("location", HeaderValue::from_static("/orders/7"));
+        let encoded = encode(
+            Fingerprint([7; 32]),
+            StatusCode::CREATED,
+            &headers,
+            b"{\"id\":7}",
+        );
+        let decoded = decode(Bytes::from(encoded), 1500).unwrap();
+        assert_eq!(decoded.fingerprint, Fingerprint([7; 32]));
+        assert_eq!(decoded.status, StatusCode::CREATED);
+        assert_eq!(decoded.headers, headers);
+        assert_eq!(decoded.body, "{\"id\":7}");
+        assert_eq!(decoded.ttl, Some(Duration::from_millis(1500)));
+        let empty = encode(
+            Fingerprint([0; 32]),
+            StatusCode::NO_CONTENT,
+            &HeaderMap::new(),
+            b"",
+        );
+        let decoded = decode(Bytes::from(empty), -1).unwrap();
+        assert!(decoded.body.is_empty() && decoded.headers.is_empty() && decoded.ttl.is_none());
+    }
+
+    #[test]
+    fn damaged_values_are_refused() {
+        let encoded = encode(
+            Fingerprint([1; 32]),
+            StatusCode::OK,
+            &HeaderMap::new(),
+            b"body",
+        );
+        for cut in 0..39 {
+            assert!(
+                decode(Bytes::copy_from_slice(&encoded[..cut]), 10).is_none(),
+                "cut at {cut}"
+            );
+        }
+        let mut other_format = encoded.clone();
+        other_format[0] = 9;
+        assert!(decode(Bytes::from(other_format), 10).is_none());
+        let mut bad_status = encoded.clone();
+        bad_status[33..35].copy_from_slice(&0u16.to_be_bytes());
+        assert!(decode(Bytes::from(bad_status), 10).is_none());
+        let mut long_headers = encoded;
+        long_headers[35..39].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode(Bytes::from(long_headers), 10).is_none());
+        assert!(decode(Bytes::from_static(b"garbage"), 10).is_none());
+    }
+}
