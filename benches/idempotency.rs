@@ -2,9 +2,9 @@
 //! real HTTP on loopback, against the real PostgreSQL at `DATABASE_URL`.
 //!
 //! ```text
-//! cargo bench --bench idempotency                 # full run (a few minutes)
-//! cargo bench --bench idempotency -- --quick      # smoke run
-//! cargo bench --bench idempotency -- --scale 10000000   # also the 10-million-record run
+//! cargo bench --bench idempotency --all-features                 # full run (a few minutes)
+//! cargo bench --bench idempotency --all-features -- --quick      # smoke run
+//! cargo bench --bench idempotency --all-features -- --scale 10000000   # + 10 million records
 //! ```
 //!
 //! Every variant runs in this one process against one PostgreSQL, and each is reported
@@ -211,6 +211,7 @@ enum Variant {
     LeaseNew,
     ThreeCommit,
     CachedReplay,
+    RedisReplay,
 }
 
 impl Variant {
@@ -222,6 +223,7 @@ impl Variant {
             Self::LeaseNew => "lease-new",
             Self::ThreeCommit => "three-commit",
             Self::CachedReplay => "cached-replay",
+            Self::RedisReplay => "redis-replay",
         }
     }
 }
@@ -280,22 +282,25 @@ async fn completed_keys(addr: SocketAddr, count: usize) -> Vec<(String, String)>
     keys
 }
 
-async fn run(
-    variant: Variant,
-    addr: SocketAddr,
+/// The servers under test: plain layer, in-process cache, Redis front line.
+#[derive(Clone, Copy)]
+struct Servers {
+    plain: SocketAddr,
     cached: SocketAddr,
-    concurrency: usize,
-    requests: usize,
-) -> Figures {
-    let replay_keys = match variant {
-        Variant::Replay => completed_keys(addr, concurrency).await,
-        Variant::CachedReplay => completed_keys(cached, concurrency).await,
-        _ => Vec::new(),
+    redis: Option<SocketAddr>,
+}
+
+async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: usize) -> Figures {
+    let target = match variant {
+        Variant::CachedReplay => servers.cached,
+        Variant::RedisReplay => servers.redis.expect("built without the redis feature"),
+        _ => servers.plain,
     };
-    let target = if variant == Variant::CachedReplay {
-        cached
-    } else {
-        addr
+    let replay_keys = match variant {
+        Variant::Replay | Variant::CachedReplay | Variant::RedisReplay => {
+            completed_keys(target, concurrency).await
+        }
+        _ => Vec::new(),
     };
     let per_connection = requests.div_ceil(concurrency);
     reset_peak_rss();
@@ -326,7 +331,7 @@ async fn run(
                                 .post("/three-commit", Some(&fresh_key()), &body_for(n))
                                 .await
                         }
-                        Variant::Replay | Variant::CachedReplay => {
+                        Variant::Replay | Variant::CachedReplay | Variant::RedisReplay => {
                             let (key, body) = replay.as_ref().unwrap();
                             connection.post("/orders", Some(key), body).await
                         }
@@ -355,6 +360,23 @@ async fn run(
 
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1000.0)
+}
+
+/// A layer with the Redis front line, when built with `--features redis` and Redis answers
+/// at `REDIS_URL`.
+#[cfg(feature = "redis")]
+async fn redis_server(pool: &Pool) -> Option<SocketAddr> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+    let client = axum_idempotency::redis::Client::open(url).ok()?;
+    let layer = IdempotencyLayer::new(pool.clone())
+        .redis(client)
+        .redis_prefix(format!("bench-{}", std::process::id()));
+    Some(serve(app(pool.clone(), layer)).await)
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_server(_pool: &Pool) -> Option<SocketAddr> {
+    None
 }
 
 async fn setup(schema: &str) -> (Pool, tokio_postgres::Client) {
@@ -431,14 +453,20 @@ async fn main() {
     let options = options();
     let schema = format!("bench_{}", std::process::id());
     let (pool, admin) = setup(&schema).await;
-    let addr = serve(app(pool.clone(), IdempotencyLayer::new(pool.clone()))).await;
+    let plain = serve(app(pool.clone(), IdempotencyLayer::new(pool.clone()))).await;
     let cached = serve(app(
         pool.clone(),
         IdempotencyLayer::new(pool.clone()).cache_responses(64 << 20),
     ))
     .await;
+    let redis = redis_server(&pool).await;
+    let servers = Servers {
+        plain,
+        cached,
+        redis,
+    };
 
-    let variants = [
+    let mut variants = vec![
         Variant::Bare,
         Variant::New,
         Variant::Replay,
@@ -446,6 +474,9 @@ async fn main() {
         Variant::ThreeCommit,
         Variant::CachedReplay,
     ];
+    if redis.is_some() {
+        variants.push(Variant::RedisReplay);
+    }
     let (requests, concurrencies): (usize, &[usize]) = if options.quick {
         (200, &[1, 16])
     } else {
@@ -464,11 +495,11 @@ async fn main() {
         };
         // Warm up every path (connections, prepared statements) before measuring.
         for &variant in &variants {
-            run(variant, addr, cached, concurrency, concurrency * 5).await;
+            run(variant, servers, concurrency, concurrency * 5).await;
         }
         let mut bare_rps = 0.0;
         for &variant in &variants {
-            let figures = run(variant, addr, cached, concurrency, requests).await;
+            let figures = run(variant, servers, concurrency, requests).await;
             if variant == Variant::Bare {
                 bare_rps = figures.rps;
             }
@@ -488,7 +519,7 @@ async fn main() {
         }
     }
     if let Some(records) = options.scale {
-        scale_run(&admin, &schema, &pool, addr, cached, records, &at16).await;
+        scale_run(&admin, &schema, &pool, servers, records, &at16).await;
     }
     admin
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -501,8 +532,7 @@ async fn scale_run(
     admin: &tokio_postgres::Client,
     schema: &str,
     pool: &Pool,
-    addr: SocketAddr,
-    cached: SocketAddr,
+    servers: Servers,
     records: u64,
     empty: &[(Variant, Figures)],
 ) {
@@ -548,7 +578,7 @@ async fn scale_run(
             .find(|(v, _)| *v == variant)
             .map(|(_, f)| f.rps)
             .unwrap_or(f64::NAN);
-        let after = run(variant, addr, cached, 16, 3000).await;
+        let after = run(variant, servers, 16, 3000).await;
         println!(
             "| {} | {:.0} | {:.0} | {:.2} |",
             variant.name(),
@@ -570,7 +600,7 @@ async fn scale_run(
         .batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records"))
         .await
         .unwrap();
-    let quiet = run(Variant::New, addr, cached, 16, 3000).await;
+    let quiet = run(Variant::New, servers, 16, 3000).await;
     let sweeper = Sweeper::new(pool.clone()).batch_size(5000);
     let purge = tokio::spawn(async move {
         let started = Instant::now();
@@ -579,7 +609,7 @@ async fn scale_run(
     });
     let mut during = Vec::new();
     while !purge.is_finished() {
-        during.push(run(Variant::New, addr, cached, 16, 1000).await);
+        during.push(run(Variant::New, servers, 16, 1000).await);
     }
     let (purged, took) = purge.await.unwrap();
     let worst_p99 = during.iter().map(|f| f.p99).max().unwrap_or_default();
