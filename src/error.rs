@@ -18,7 +18,7 @@ pub enum Error {
     /// typically a handle moved into a task that outlived its handler.
     TransactionEnded,
     /// The handler tried to end, restart or split the shared transaction (`COMMIT`,
-    /// `ROLLBACK`, `BEGIN`, or the layer's own savepoint). The layer alone decides how the
+    /// `ROLLBACK`, `BEGIN`, `END`, `ABORT`, `PREPARE TRANSACTION`). The layer alone decides how the
     /// transaction ends.
     TransactionControl,
     /// The database holds a schema version this build of the crate does not know.

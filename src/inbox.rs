@@ -300,8 +300,6 @@ impl Inbox {
             telemetry::inbox_message("busy");
             return Err(InboxError::Busy);
         };
-        // An expired record is still in the table until purged: it is updated in place.
-        let record_exists = found.is_some();
         let record = found.filter(|record| record.live);
         if let Some(record) = &record {
             let attempts = u32::try_from(record.attempts).unwrap_or(0);
@@ -344,7 +342,6 @@ impl Inbox {
                     Db::new(conn.client(), config.prepared_statements),
                     &write,
                     prior_attempts + 1,
-                    record_exists,
                 )
                 .await;
                 telemetry::commit_time("inbox", started);

@@ -59,6 +59,8 @@ pub(crate) struct RequestState {
     /// Lease mode: the fencing token of the lease this request holds.
     lease: std::sync::Mutex<Option<i64>>,
     claimed: AtomicBool,
+    /// When the layer took the request: the earliest its record's lifetime can start.
+    started: Instant,
     /// This request holds the Redis front line's in-flight lock.
     #[cfg(feature = "redis")]
     redis_lock: AtomicBool,
@@ -82,6 +84,7 @@ impl RequestState {
             replaces: AtomicBool::new(false),
             lease: std::sync::Mutex::new(None),
             claimed: AtomicBool::new(false),
+            started: Instant::now(),
             #[cfg(feature = "redis")]
             redis_lock: AtomicBool::new(false),
         }
@@ -394,6 +397,12 @@ impl RequestState {
         }
     }
 
+    /// The lifetime left to a record stored now: its `expires_at` was computed from the
+    /// transaction's start, so a cached copy must not outlive it.
+    fn remaining_ttl(&self) -> Duration {
+        self.config.ttl.saturating_sub(self.started.elapsed())
+    }
+
     /// Gives up on whatever the handler left open: rolls the transaction back, or marks
     /// the lease failed so a retry may run again. `false` if nothing was claimed.
     pub(crate) async fn abandon(&self) -> bool {
@@ -497,7 +506,7 @@ impl RequestState {
                 conn.mark_ended();
                 tracing::debug!(record = %self.id, status = %parts.status, "committed");
                 telemetry::request(RequestOutcome::Executed);
-                self.remember(parts.status, kept, body.clone(), self.config.ttl)
+                self.remember(parts.status, kept, body.clone(), self.remaining_ttl())
                     .await;
                 Response::from_parts(parts, Body::from(body))
             }
@@ -571,7 +580,7 @@ impl RequestState {
                         if token > 1 && end == LeaseEnd::Success {
                             telemetry::retry_success("lease");
                         }
-                        self.remember(parts.status, kept, body.clone(), self.config.ttl)
+                        self.remember(parts.status, kept, body.clone(), self.remaining_ttl())
                             .await;
                     }
                 }

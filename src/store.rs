@@ -48,8 +48,8 @@ pub(crate) enum Stmt {
 /// and run them inside it. Both kinds of statement write their messages to the connection
 /// on their future's first poll, before they first wait (tokio-postgres' `query_typed_raw`
 /// and `execute_typed` encode and send before their first `.await`; so do `query`/`execute`
-/// of a prepared `Statement`), and `join!` polls its branches in order the first time, so
-/// the statements reach the server in the order they are written.
+/// of a prepared `Statement`), and every `join!` here is `biased`, so it polls its branches
+/// in the order written: the statements reach the server in that order.
 #[derive(Clone, Copy)]
 pub(crate) struct Db<'a> {
     client: &'a ClientWrapper,
@@ -393,7 +393,7 @@ pub(crate) async fn claim(
         let claim = db.prepare(&CLAIM).await?;
         let params: [&(dyn ToSql + Sync); 2] = [&id, &lock_key];
         let (begin, row) =
-            tokio::join!(client.batch_execute("BEGIN"), db.query_one(&claim, &params),);
+            tokio::join!(biased; client.batch_execute("BEGIN"), db.query_one(&claim, &params));
         begin?;
         let row = row?;
         let locked: bool = row.try_get(9)?;
@@ -412,6 +412,7 @@ pub(crate) async fn claim(
     let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
     let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
     let (begin, timeout_set, locked, reset, found) = tokio::join!(
+        biased;
         client.batch_execute("BEGIN"),
         db.query_one(&set_timeout, &timeout_params),
         db.query_one(&lock, &lock_params),
@@ -539,6 +540,7 @@ pub(crate) async fn lease_acquire(
     ];
     let lookup_params: [&(dyn ToSql + Sync); 1] = [&record.id];
     let (acquired, found) = tokio::join!(
+        biased;
         db.query_opt(&acquire, &acquire_params),
         db.query_opt(&lookup, &lookup_params),
     );
@@ -686,6 +688,7 @@ pub(crate) async fn insert_and_commit(
         &ttl,
     ];
     let (relocked, deleted, inserted, committed) = tokio::join!(
+        biased;
         async {
             let Some((set_timeout, lock, timeout)) = &relock else {
                 return Ok(());
@@ -695,6 +698,7 @@ pub(crate) async fn insert_and_commit(
             let timeout_params: [&(dyn ToSql + Sync); 1] = [timeout];
             let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
             let (rolled_back, begun, timeout_set, locked, reset) = tokio::join!(
+                biased;
                 client.batch_execute("ROLLBACK"),
                 client.batch_execute("BEGIN"),
                 db.query_one(set_timeout, &timeout_params),
@@ -744,24 +748,17 @@ const INBOX_LOOKUP: Sql = Sql {
                             WHERE consumer_group = $1 AND message_id = $2",
     types: &[Type::TEXT, Type::TEXT],
 };
-const INBOX_INSERT_SUCCESS: Sql = Sql {
-    text: "INSERT INTO inbox_messages \
+/// Records success with the consumer's work. An upsert, so that a FAILED or expired row
+/// (which a concurrent sweep may delete at any moment) is replaced, and the record is
+/// always written when the work commits.
+const INBOX_RECORD_SUCCESS: Sql = Sql {
+    text: "INSERT INTO inbox_messages AS m \
     (consumer_group, message_id, status, attempts, payload_digest, payload, expires_at) \
-    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, now() + make_interval(secs => $6))",
-    types: &[
-        Type::TEXT,
-        Type::TEXT,
-        Type::INT4,
-        Type::BYTEA,
-        Type::BYTEA,
-        Type::FLOAT8,
-    ],
-};
-const INBOX_UPDATE_SUCCESS: Sql = Sql {
-    text: "UPDATE inbox_messages SET status = 'SUCCESS', attempts = $3, \
-    payload_digest = $4, payload = $5, last_error = NULL, updated_at = now(), \
-    expires_at = now() + make_interval(secs => $6) \
-    WHERE consumer_group = $1 AND message_id = $2",
+    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, now() + make_interval(secs => $6)) \
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
+        status = 'SUCCESS', attempts = EXCLUDED.attempts, \
+        payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
+        last_error = NULL, updated_at = now(), expires_at = EXCLUDED.expires_at",
     types: &[
         Type::TEXT,
         Type::TEXT,
@@ -777,7 +774,8 @@ const INBOX_RECORD_FAILURE: Sql = Sql {
     VALUES ($1, $2, 'FAILED', 1, $3, $4, $5, now() + make_interval(secs => $6)) \
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
         status = 'FAILED', \
-        attempts = CASE WHEN m.status = 'SUCCESS' THEN 1 ELSE m.attempts + 1 END, \
+        attempts = CASE WHEN m.status = 'SUCCESS' OR m.expires_at <= now() \
+                        THEN 1 ELSE m.attempts + 1 END, \
         payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
         last_error = EXCLUDED.last_error, updated_at = now(), expires_at = EXCLUDED.expires_at \
     WHERE m.status = 'FAILED' OR m.expires_at <= now() \
@@ -812,6 +810,7 @@ pub(crate) async fn inbox_claim(
     let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
     let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
     let (begin, timeout_set, locked, reset, found) = tokio::join!(
+        biased;
         client.batch_execute("BEGIN"),
         db.query_one(&set_timeout, &timeout_params),
         db.query_one(&lock, &lock_params),
@@ -852,14 +851,8 @@ pub(crate) async fn inbox_commit(
     db: Db<'_>,
     write: &InboxWrite<'_>,
     attempts: i32,
-    record_exists: bool,
 ) -> Result<(), tokio_postgres::Error> {
-    let sql = if record_exists {
-        &INBOX_UPDATE_SUCCESS
-    } else {
-        &INBOX_INSERT_SUCCESS
-    };
-    let statement = db.prepare(sql).await?;
+    let statement = db.prepare(&INBOX_RECORD_SUCCESS).await?;
     let retention = write.retention.as_secs_f64();
     let params: [&(dyn ToSql + Sync); 6] = [
         &write.group,
@@ -870,6 +863,7 @@ pub(crate) async fn inbox_commit(
         &retention,
     ];
     let (written, committed) = tokio::join!(
+        biased;
         db.execute(&statement, &params),
         db.client().batch_execute("COMMIT"),
     );
@@ -995,8 +989,7 @@ mod tests {
             &LEASE_ACQUIRE,
             &LEASE_COMPLETE,
             &INBOX_LOOKUP,
-            &INBOX_INSERT_SUCCESS,
-            &INBOX_UPDATE_SUCCESS,
+            &INBOX_RECORD_SUCCESS,
             &INBOX_RECORD_FAILURE,
         ];
         let all = ours
@@ -1009,7 +1002,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 21);
+        assert_eq!(checked, 20);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await

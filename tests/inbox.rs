@@ -350,3 +350,44 @@ async fn a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once() {
     assert_eq!(outcome, Outcome::Processed(()));
     assert_eq!(db.orders().await, 1);
 }
+
+#[tokio::test]
+async fn an_expired_failure_restarts_the_attempt_count() {
+    let db = TestDb::new(1).await;
+    let inbox = Inbox::new(db.pool.clone(), "coupons").max_attempts(2);
+    for _ in 0..2 {
+        let _ = inbox
+            .process("stale-poison", |_tx| async { Err::<(), _>("no") })
+            .await;
+    }
+    assert!(matches!(
+        inbox
+            .process("stale-poison", |_tx| async { Ok::<(), &str>(()) })
+            .await,
+        Ok(Outcome::GaveUp { attempts: 2, .. })
+    ));
+    db.admin
+        .batch_execute(&format!(
+            "UPDATE {}.inbox_messages SET expires_at = now() - interval '1 second'",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    // Past retention the message is new again: one more failure is attempt 1, not a give-up.
+    let failed = inbox
+        .process("stale-poison", |_tx| async { Err::<(), _>("again") })
+        .await;
+    assert!(
+        matches!(failed, Err(InboxError::Failed { attempts: 1, .. })),
+        "{failed:?}"
+    );
+    // And a success over the expired failure records SUCCESS with the work.
+    let outcome = inbox
+        .process("stale-poison", |tx| async move { grant(&tx, 3).await })
+        .await
+        .unwrap();
+    assert_eq!(outcome, Outcome::Processed(()));
+    let row = record(&db, "coupons", "stale-poison").await.unwrap();
+    assert_eq!(row.get::<_, String>(0), "SUCCESS");
+    assert_eq!(db.orders().await, 1);
+}

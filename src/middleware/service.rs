@@ -29,14 +29,24 @@ pub struct Idempotency<S> {
     config: Arc<Config>,
 }
 
+impl Idempotency<()> {
+    /// Shortcut for [`IdempotencyLayer::new`].
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::Idempotency;
+    ///
+    /// let layer = Idempotency::layer(pool);
+    /// # }
+    /// ```
+    pub fn layer(pool: Pool) -> IdempotencyLayer {
+        IdempotencyLayer::new(pool)
+    }
+}
+
 impl<S> Idempotency<S> {
     pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
         Self { inner, config }
-    }
-
-    /// Shortcut for [`IdempotencyLayer::new`].
-    pub fn layer(pool: Pool) -> IdempotencyLayer {
-        IdempotencyLayer::new(pool)
     }
 
     /// The inner service.

@@ -1,0 +1,3 @@
+BEGIN;
+INSERT INTO orders (user_id, amount) VALUES (1, 2) RETURNING id;
+COMMIT;
