@@ -10,6 +10,7 @@ use http::{HeaderName, Method, StatusCode, header};
 use tokio_util::task::TaskTracker;
 
 use crate::cache::ResponseCache;
+use crate::crypto::BodyKeys;
 use crate::fingerprint::Fingerprinter;
 #[cfg(feature = "redis")]
 use crate::front::redis::{RedisFront, RedisOptions};
@@ -78,6 +79,8 @@ pub(crate) struct Config {
     pub(crate) lease: Duration,
     pub(crate) prepared_statements: bool,
     pub(crate) cache: Option<Arc<ResponseCache>>,
+    /// Encryption at rest of stored bodies (always `None` without feature `encryption`).
+    pub(crate) body_keys: Option<BodyKeys>,
     #[cfg(feature = "redis")]
     pub(crate) redis: Option<Arc<RedisFront>>,
     #[cfg(feature = "redis")]
@@ -107,6 +110,7 @@ impl Config {
             lease: Duration::from_secs(30),
             prepared_statements: true,
             cache: None,
+            body_keys: None,
             #[cfg(feature = "redis")]
             redis: None,
             #[cfg(feature = "redis")]
@@ -143,7 +147,8 @@ impl fmt::Debug for Config {
             .field("store_raw_key", &self.store_raw_key)
             .field("lease", &self.lease)
             .field("prepared_statements", &self.prepared_statements)
-            .field("cache", &self.cache);
+            .field("cache", &self.cache)
+            .field("body_keys", &self.body_keys);
         #[cfg(feature = "redis")]
         f.field("redis", &self.redis);
         f.finish_non_exhaustive()

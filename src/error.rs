@@ -31,6 +31,9 @@ pub enum Error {
     /// A key given to [`Admin::lookup`](crate::Admin::lookup) is not a valid
     /// `Idempotency-Key` value.
     InvalidKey(crate::KeyError),
+    /// A stored response body or inbox payload could not be encrypted or decrypted (see
+    /// [`EncryptionError`](crate::EncryptionError)).
+    Encryption(crate::EncryptionError),
 }
 
 impl Error {
@@ -63,6 +66,7 @@ impl fmt::Display for Error {
                  newer than the {known} this version of axum-idempotency knows"
             ),
             Self::InvalidKey(_) => f.write_str("invalid idempotency key"),
+            Self::Encryption(_) => f.write_str("encryption at rest failed"),
         }
     }
 }
@@ -73,6 +77,7 @@ impl std::error::Error for Error {
             Self::Pool(e) => Some(e),
             Self::Postgres(e) => Some(e),
             Self::InvalidKey(e) => Some(e),
+            Self::Encryption(e) => Some(e),
             _ => None,
         }
     }

@@ -329,4 +329,205 @@ mod tests {
             Fingerprinter::default().compute(&text, br#"{"b":2,"a":1}"#)
         );
     }
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn json_parts() -> Parts {
+            parts("POST", "/orders", Some("application/json"))
+        }
+
+        fn arb_json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<u64>().prop_map(Value::from),
+                any::<f64>()
+                    .prop_filter("JSON numbers are finite", |f| f.is_finite())
+                    .prop_map(Value::from),
+                ".{0,12}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(6, 64, 8, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                    prop::collection::vec((".{0,8}", inner), 0..8)
+                        .prop_map(|entries| Value::Object(entries.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// Writes `value` as JSON with object members in an order and with whitespace
+        /// chosen by `seed`: the same document as another client might serialise it.
+        fn render(out: &mut String, value: &Value, seed: &mut u64) {
+            fn next(seed: &mut u64) -> u64 {
+                *seed = seed
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                *seed >> 33
+            }
+            fn space(out: &mut String, seed: &mut u64) {
+                out.push_str(["", " ", "\n", "\t", "\r\n  "][(next(seed) % 5) as usize]);
+            }
+            match value {
+                Value::Object(map) => {
+                    let mut entries: Vec<_> = map.iter().collect();
+                    let len = entries.len().max(1);
+                    entries.rotate_left((next(seed) as usize) % len);
+                    if next(seed) % 2 == 0 {
+                        entries.reverse();
+                    }
+                    out.push('{');
+                    for (i, (key, child)) in entries.into_iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        space(out, seed);
+                        out.push_str(&serde_json::to_string(key).unwrap());
+                        space(out, seed);
+                        out.push(':');
+                        space(out, seed);
+                        render(out, child, seed);
+                        space(out, seed);
+                    }
+                    out.push('}');
+                }
+                Value::Array(items) => {
+                    out.push('[');
+                    for (i, child) in items.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        space(out, seed);
+                        render(out, child, seed);
+                        space(out, seed);
+                    }
+                    out.push(']');
+                }
+                scalar => out.push_str(&serde_json::to_string(scalar).unwrap()),
+            }
+        }
+
+        fn arb_body() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..512),
+                // JSON-ish noise: brackets, quotes, digits, exponents, escapes.
+                prop::collection::vec(
+                    prop::sample::select(b"{}[]\":,0123456789eE+-.\\u \ntrfnalse\xff\xc3".to_vec()),
+                    0..512,
+                ),
+                arb_json().prop_map(|v| v.to_string().into_bytes()),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn arbitrary_bodies_fingerprint_deterministically(body in arb_body()) {
+                let fp = Fingerprinter::default();
+                for p in [json_parts(), parts("POST", "/orders", None)] {
+                    prop_assert_eq!(fp.compute(&p, &body), fp.compute(&p, &body));
+                }
+            }
+
+            #[test]
+            fn member_order_and_whitespace_do_not_change_the_fingerprint(
+                value in arb_json(),
+                seed in any::<u64>(),
+            ) {
+                let compact = value.to_string();
+                let mut reordered = String::new();
+                render(&mut reordered, &value, &mut seed.clone());
+                let pretty = serde_json::to_string_pretty(&value).unwrap();
+                let fp = Fingerprinter::default();
+                let p = json_parts();
+                let expected = fp.compute(&p, compact.as_bytes());
+                prop_assert_eq!(fp.compute(&p, reordered.as_bytes()), expected, "{}", reordered);
+                prop_assert_eq!(fp.compute(&p, pretty.as_bytes()), expected);
+                // Not a JSON media type: the bytes count, and equal bytes agree.
+                let text = parts("POST", "/orders", Some("text/plain"));
+                prop_assert_eq!(
+                    fp.compute(&text, compact.as_bytes()),
+                    fp.compute(&text, compact.as_bytes())
+                );
+            }
+
+            #[test]
+            fn another_document_is_another_fingerprint(a in arb_json(), b in arb_json()) {
+                prop_assume!(a != b);
+                let fp = Fingerprinter::default();
+                let p = json_parts();
+                prop_assert_ne!(
+                    fp.compute(&p, a.to_string().as_bytes()),
+                    fp.compute(&p, b.to_string().as_bytes())
+                );
+            }
+        }
+
+        /// Stable, and computed without overflowing the test thread's stack.
+        fn stable(body: &[u8]) -> Fingerprint {
+            let fp = Fingerprinter::default();
+            let p = json_parts();
+            let first = fp.compute(&p, body);
+            assert_eq!(first, fp.compute(&p, body));
+            first
+        }
+
+        #[test]
+        fn deep_nesting_is_stable() {
+            for depth in [31, 32, 33, 127, 128, 129, 100_000] {
+                for (open, close) in [("[", "]"), ("{\"a\":", "}")] {
+                    let unclosed = open.repeat(depth);
+                    stable(unclosed.as_bytes());
+                    let closed = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+                    stable(closed.as_bytes());
+                }
+            }
+            // At and below the configured depth the document is canonicalised.
+            let within = format!("{}{}", "[".repeat(32), "]".repeat(32));
+            let within_spaced = format!("{} {}", "[".repeat(32), "]".repeat(32));
+            assert_eq!(stable(within.as_bytes()), stable(within_spaced.as_bytes()));
+        }
+
+        #[test]
+        fn huge_numbers_are_stable() {
+            let digits = format!("1{}", "0".repeat(399));
+            let bodies = [
+                "1e999999".to_owned(),
+                "-1e999999".to_owned(),
+                "1e-999999".to_owned(),
+                format!("{{\"amount\":{digits}}}"),
+                format!("{{\"amount\":-{digits}}}"),
+                format!("{{\"amount\":0.{digits}}}"),
+                "18446744073709551616".to_owned(),
+            ];
+            for body in &bodies {
+                stable(body.as_bytes());
+            }
+            // Out of f64 range: not canonicalised, so the exact bytes count.
+            assert_ne!(stable(b"1e999999"), stable(b"1e9999999"));
+            assert_ne!(
+                stable(format!("[{digits}]").as_bytes()),
+                stable(format!("[{digits}1]").as_bytes())
+            );
+        }
+
+        #[test]
+        fn duplicate_keys_and_invalid_utf8_are_stable() {
+            let duplicate = stable(br#"{"a":1,"a":2}"#);
+            assert_eq!(duplicate, stable(br#"{ "a" : 1 , "a" : 2 }"#));
+            assert_ne!(duplicate, stable(br#"{"a":1}"#));
+            for body in [
+                &b"{\"a\":\"\xff\"}"[..],
+                b"\xff\xfe\xfd",
+                b"{\"\xc3\":1}",
+                b"\"\\ud800\"",
+                b"{\"a\":\"\\ud800\"}",
+                b"\xef\xbb\xbf{}",
+            ] {
+                stable(body);
+            }
+        }
+    }
 }

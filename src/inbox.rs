@@ -67,6 +67,8 @@ struct InboxConfig {
     lock_timeout: Duration,
     store_payload: bool,
     prepared_statements: bool,
+    /// Encryption at rest of stored payloads (always `None` without feature `encryption`).
+    payload_keys: Option<crate::crypto::BodyKeys>,
 }
 
 /// What [`Inbox::process`] did with a message: the article's states as seen by a consumer.
@@ -89,8 +91,9 @@ pub enum Outcome<T> {
     },
 }
 
-/// Why [`Inbox::process`] did not finish a message. In every case nothing of the work was
-/// committed, so the consumer can requeue the message.
+/// Why [`Inbox::process`] did not finish a message. The consumer requeues it: either nothing
+/// of the work was committed, or (a [`Store`](Self::Store) error whose COMMIT answer was
+/// lost) it was, and the redelivery reports a duplicate — never a second run.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum InboxError<E> {
@@ -99,7 +102,7 @@ pub enum InboxError<E> {
     /// Another worker is processing the same message and did not finish within the lock
     /// timeout.
     Busy,
-    /// The database could not be reached, or the commit failed.
+    /// The database could not be reached, or the commit failed or went unanswered.
     Store(crate::Error),
     /// The work returned an error; it was rolled back and the attempt recorded.
     Failed {
@@ -163,6 +166,7 @@ impl Inbox {
                 lock_timeout: Duration::from_secs(10),
                 store_payload: false,
                 prepared_statements: true,
+                payload_keys: None,
             }),
         }
     }
@@ -200,6 +204,26 @@ impl Inbox {
     #[must_use]
     pub fn store_payload(self, enabled: bool) -> Self {
         self.with(|c| c.store_payload = enabled)
+    }
+
+    /// Encrypts the payloads kept by [`store_payload`](Self::store_payload) at rest
+    /// (feature `encryption`): AES-256-GCM under the current key of `keys`, bound to the
+    /// consumer group and message id; the record's `payload_key_id` column names the key.
+    /// The payload's SHA-256 digest stays in clear, for the duplicate check. Default: off.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool, key: [u8; 32]) {
+    /// use axum_idempotency::{BodyKeys, Inbox};
+    ///
+    /// let inbox = Inbox::new(pool, "billing")
+    ///     .store_payload(true)
+    ///     .encrypt_payloads(BodyKeys::new(1, key));
+    /// # }
+    /// ```
+    #[cfg(feature = "encryption")]
+    #[must_use]
+    pub fn encrypt_payloads(self, keys: crate::BodyKeys) -> Self {
+        self.with(|c| c.payload_keys = Some(keys))
     }
 
     /// Whether the inbox's own statements are prepared (once per pooled connection, then
@@ -271,11 +295,24 @@ impl Inbox {
         let config = &self.config;
         let id = RecordId::from_parts(&config.group, message_id);
         let digest = payload.map(|payload| Sha256::digest(payload).to_vec());
+        let stored = payload
+            .filter(|_| config.store_payload)
+            .map(|payload| {
+                crate::crypto::seal_payload(
+                    config.payload_keys.as_ref(),
+                    &config.group,
+                    message_id,
+                    payload,
+                )
+            })
+            .transpose()
+            .map_err(|e| InboxError::Store(crate::Error::Encryption(e)))?;
         let write = InboxWrite {
             group: &config.group,
             message_id,
             payload_digest: digest.as_deref(),
-            payload: payload.filter(|_| config.store_payload),
+            payload: stored.as_ref().map(|stored| &*stored.bytes),
+            payload_key_id: stored.as_ref().and_then(|stored| stored.key_id),
             retention: config.retention,
         };
 

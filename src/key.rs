@@ -320,4 +320,134 @@ mod tests {
         let bc = IdempotencyKey::parse(b"bc").unwrap();
         assert_ne!(RecordId::new("ab", &c), RecordId::new("a", &bc));
     }
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// The documented language, written independently of the parser: a bare token of
+        /// 1–255 bytes in `0x21..=0x7e` without `"`, or a Structured Field string whose
+        /// unescaped content is 1–255 characters of `0x20..=0x7e`.
+        fn model(raw: &[u8]) -> Option<String> {
+            let key = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
+                let mut out = String::new();
+                let mut inner = raw[1..raw.len() - 1].iter();
+                while let Some(&byte) = inner.next() {
+                    match byte {
+                        b'\\' => match inner.next() {
+                            Some(&escaped) if escaped == b'"' || escaped == b'\\' => {
+                                out.push(char::from(escaped))
+                            }
+                            _ => return None,
+                        },
+                        b'"' => return None,
+                        0x20..=0x7e => out.push(char::from(byte)),
+                        _ => return None,
+                    }
+                }
+                out
+            } else if raw
+                .iter()
+                .all(|&byte| (0x21..=0x7e).contains(&byte) && byte != b'"')
+            {
+                String::from_utf8(raw.to_vec()).ok()?
+            } else {
+                return None;
+            };
+            (1..=MAX_KEY_LEN).contains(&key.len()).then_some(key)
+        }
+
+        /// Serialises a key as a Structured Field string.
+        fn sf_string(key: &str) -> String {
+            let mut out = String::from("\"");
+            for c in key.chars() {
+                if c == '"' || c == '\\' {
+                    out.push('\\');
+                }
+                out.push(c);
+            }
+            out.push('"');
+            out
+        }
+
+        /// Bytes biased towards the interesting ones: quotes, backslashes, space, the
+        /// edges of printable ASCII, and anything else.
+        fn hostile_byte() -> impl Strategy<Value = u8> {
+            prop_oneof![
+                4 => 0x21u8..=0x7e,
+                1 => Just(b'"'),
+                1 => Just(b'\\'),
+                1 => Just(b' '),
+                1 => prop::sample::select(vec![0x00, 0x09, 0x1f, 0x7f, 0x80, 0xc3, 0xe9, 0xff]),
+                1 => any::<u8>(),
+            ]
+        }
+
+        fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..600),
+                prop::collection::vec(hostile_byte(), 0..300),
+                // Wrapped in quotes, so the quoted branch is exercised often.
+                prop::collection::vec(hostile_byte(), 0..300).prop_map(|mut inner| {
+                    inner.insert(0, b'"');
+                    inner.push(b'"');
+                    inner
+                }),
+                // Around the length limit.
+                (250usize..=262).prop_map(|len| vec![b'k'; len]),
+            ]
+        }
+
+        fn printable_key() -> impl Strategy<Value = String> {
+            prop::collection::vec(0x20u8..=0x7e, 1..=MAX_KEY_LEN)
+                .prop_map(|bytes| String::from_utf8(bytes).unwrap())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn parse_never_panics_and_accepts_exactly_the_documented_language(
+                raw in hostile_bytes()
+            ) {
+                let parsed = IdempotencyKey::parse(&raw);
+                let expected = model(&raw);
+                prop_assert_eq!(
+                    parsed.as_ref().ok().map(IdempotencyKey::as_str),
+                    expected.as_deref(),
+                    "{:?} parsed to {:?}", raw, parsed
+                );
+                if let Ok(key) = parsed {
+                    prop_assert!((1..=MAX_KEY_LEN).contains(&key.as_str().len()));
+                    prop_assert!(key.as_str().bytes().all(|b| (0x20..=0x7e).contains(&b)));
+                }
+            }
+
+            #[test]
+            fn every_printable_key_round_trips_as_an_sf_string(key in printable_key()) {
+                let quoted = IdempotencyKey::parse(sf_string(&key).as_bytes()).unwrap();
+                prop_assert_eq!(quoted.as_str(), key.as_str());
+                // The bare form, where it exists, names the same key.
+                if !key.contains([' ', '"']) {
+                    let bare = IdempotencyKey::parse(key.as_bytes()).unwrap();
+                    prop_assert_eq!(&bare, &quoted);
+                    prop_assert_eq!(RecordId::new("s", &bare), RecordId::new("s", &quoted));
+                } else {
+                    prop_assert!(IdempotencyKey::parse(key.as_bytes()).is_err());
+                }
+            }
+
+            #[test]
+            fn keys_past_the_limit_are_refused_in_both_forms(
+                key in prop::collection::vec(0x21u8..=0x7e, MAX_KEY_LEN + 1..1200)
+                    .prop_map(|bytes| String::from_utf8(bytes).unwrap())
+            ) {
+                let bare_err = IdempotencyKey::parse(key.as_bytes()).unwrap_err();
+                let quoted_err = IdempotencyKey::parse(sf_string(&key).as_bytes()).unwrap_err();
+                if !key.contains('"') {
+                    prop_assert!(matches!(bare_err, KeyError::TooLong { .. }), "{:?}", bare_err);
+                }
+                prop_assert!(matches!(quoted_err, KeyError::TooLong { .. }), "{:?}", quoted_err);
+            }
+        }
+    }
 }

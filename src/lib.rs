@@ -3,6 +3,7 @@
 mod admin;
 mod cache;
 mod config;
+mod crypto;
 mod error;
 mod fingerprint;
 #[cfg(feature = "redis")]
@@ -20,6 +21,9 @@ mod transaction;
 
 pub use crate::admin::{Admin, MessageInfo, RecordInfo};
 pub use crate::config::StoreDecision;
+#[cfg(feature = "encryption")]
+pub use crate::crypto::BodyKeys;
+pub use crate::crypto::EncryptionError;
 pub use crate::error::Error;
 pub use crate::inbox::{Inbox, InboxError, Outcome};
 pub use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};

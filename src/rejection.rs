@@ -29,8 +29,10 @@ pub enum RejectionKind {
     InFlight,
     /// The idempotency store could not be reached (503, with `Retry-After`).
     StoreUnavailable,
-    /// The handler succeeded but its transaction could not be committed; nothing was stored
-    /// and a retry runs the handler again (503).
+    /// The handler succeeded but the record insert or the COMMIT failed, or the connection
+    /// was lost before PostgreSQL answered the COMMIT (503). Either nothing was stored and
+    /// a retry runs the handler again, or — when only the answer was lost — the work did
+    /// commit and a retry replays it; never twice.
     CommitFailed,
     /// The handler's response is larger than the limit for stored responses; the work was
     /// rolled back (500).

@@ -16,6 +16,7 @@ use tracing::Instrument;
 use std::time::{Duration, Instant};
 
 use crate::config::{Config, StoreDecision};
+use crate::crypto::{self, StoredBody};
 use crate::fingerprint::Fingerprint;
 use crate::key::{IdempotencyKey, KeyError, RecordId};
 use crate::lease::IdempotentLease;
@@ -95,7 +96,12 @@ impl RequestState {
         rejection.problem_response()
     }
 
-    fn record<'a>(&'a self, status: StatusCode, headers: Vec<u8>, body: &'a [u8]) -> NewRecord<'a> {
+    fn record<'a>(
+        &'a self,
+        status: StatusCode,
+        headers: Vec<u8>,
+        body: StoredBody<'a>,
+    ) -> NewRecord<'a> {
         NewRecord {
             id: self.id,
             scope: &self.scope,
@@ -106,6 +112,18 @@ impl RequestState {
             body,
             ttl: self.config.ttl,
         }
+    }
+
+    /// The body as it is to be stored: sealed when the layer encrypts bodies.
+    fn seal<'a>(&self, body: &'a [u8]) -> Result<StoredBody<'a>, Rejection> {
+        crypto::seal_body(self.config.body_keys.as_ref(), self.id, body).map_err(|e| {
+            tracing::error!(record = %self.id, error = %e, "could not encrypt the response");
+            Rejection::new(
+                RejectionKind::CommitFailed,
+                "the response could not be encrypted for storage; the work was rolled back",
+            )
+            .with_source(crate::Error::Encryption(e))
+        })
     }
 
     /// The store's view of `client`, with the layer's prepared-statement setting.
@@ -210,7 +228,7 @@ impl RequestState {
         })?;
         let claim = store::lease_acquire(
             self.db(&client),
-            &self.record(StatusCode::ACCEPTED, Vec::new(), &[]),
+            &self.record(StatusCode::ACCEPTED, Vec::new(), StoredBody::plain(&[])),
             self.config.lease,
         )
         .await
@@ -282,14 +300,28 @@ impl RequestState {
                 return self.reject(self.in_flight(1));
             }
         };
+        let body = match crypto::open_body(
+            self.config.body_keys.as_ref(),
+            self.id,
+            stored.body_key_id,
+            stored.body,
+        ) {
+            Ok(body) => body,
+            Err(e) => {
+                // Never replay what cannot be decrypted; restoring the key makes it replay.
+                tracing::error!(record = %self.id, error = %e,
+                    "stored response could not be decrypted; not replayed");
+                return self.unavailable(crate::Error::Encryption(e));
+            }
+        };
         self.remember(
             stored.status,
             stored.headers.clone(),
-            stored.body.clone(),
+            body.clone(),
             stored.expires_in,
         )
         .await;
-        replay(stored.status, stored.headers, stored.body)
+        replay(stored.status, stored.headers, body)
     }
 
     /// A replay straight from the in-process cache, if it is on and holds the key.
@@ -425,7 +457,11 @@ impl RequestState {
 
     /// Best effort: a lease whose holder failed becomes a retryable failure.
     async fn end_lease_quietly(&self, token: i64) {
-        let record = self.record(StatusCode::INTERNAL_SERVER_ERROR, Vec::new(), &[]);
+        let record = self.record(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Vec::new(),
+            StoredBody::plain(&[]),
+        );
         let ended = match self.config.pool.get().await {
             Ok(client) => {
                 store::lease_complete(self.db(&client), &record, token, LeaseEnd::RetryableFailure)
@@ -490,7 +526,15 @@ impl RequestState {
             }
         };
         let kept = self.kept_headers(&parts.headers);
-        let record = self.record(parts.status, store::encode_headers(kept.iter()), &body);
+        let sealed = match self.seal(&body) {
+            Ok(sealed) => sealed,
+            Err(rejection) => {
+                conn.rollback().await;
+                telemetry::request(RequestOutcome::RolledBack);
+                return self.reject(rejection);
+            }
+        };
+        let record = self.record(parts.status, store::encode_headers(kept.iter()), sealed);
         let started = Instant::now();
         let outcome = store::insert_and_commit(
             self.db(conn.client()),
@@ -525,13 +569,13 @@ impl RequestState {
                 }
             }
             Err(CommitError::Failed(e)) => {
-                tracing::error!(record = %self.id, error = %e, "commit failed; nothing stored");
+                tracing::error!(record = %self.id, error = %e, "commit failed or its outcome is unknown");
                 drop(conn);
                 telemetry::request(RequestOutcome::StoreError);
                 self.reject(
                     Rejection::new(
                         RejectionKind::CommitFailed,
-                        "the work could not be committed and was not stored; retry the request",
+                        "the work could not be committed, or its commit was not confirmed; retry the request",
                     )
                     .with_retry_after(self.config.retry_after)
                     .with_source(e),
@@ -560,7 +604,15 @@ impl RequestState {
             }
         };
         let kept = self.kept_headers(&parts.headers);
-        let record = self.record(parts.status, store::encode_headers(kept.iter()), &body);
+        let sealed = match self.seal(&body) {
+            Ok(sealed) => sealed,
+            Err(rejection) => {
+                self.end_lease_quietly(token).await;
+                telemetry::request(RequestOutcome::RolledBack);
+                return self.reject(rejection);
+            }
+        };
+        let record = self.record(parts.status, store::encode_headers(kept.iter()), sealed);
         let started = Instant::now();
         let completed = match self.config.pool.get().await {
             Ok(client) => store::lease_complete(self.db(&client), &record, token, end)

@@ -12,6 +12,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Row, Statement};
 
 use crate::Error;
+use crate::crypto::StoredBody;
 use crate::fingerprint::Fingerprint;
 use crate::key::RecordId;
 
@@ -184,6 +185,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "claim_function",
         sql: include_str!("../migrations/0004_claim_function.sql"),
     },
+    Migration {
+        version: 5,
+        name: "body_encryption",
+        sql: include_str!("../migrations/0005_body_encryption.sql"),
+    },
 ];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
@@ -251,9 +257,9 @@ pub async fn migrate(pool: &Pool) -> Result<(), Error> {
     Ok(())
 }
 
-/// The default claim: see [`claim`] and migration 0004.
+/// The default claim: see [`claim`] and migrations 0004 and 0005.
 const CLAIM: Sql = Sql {
-    text: "SELECT * FROM axum_idempotency_claim($1, $2)",
+    text: "SELECT * FROM axum_idempotency_claim_v2($1, $2)",
     types: &[Type::UUID, Type::INT8],
 };
 const WAIT_LOCK: Sql = Sql {
@@ -269,7 +275,7 @@ const RESET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout TO DEFAULT";
 const LOOKUP: Sql = Sql {
     text: "SELECT status, headers, body, fingerprint, expires_at <= now(), state, \
                       retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
-                      extract(epoch FROM expires_at - now())::float8 \
+                      extract(epoch FROM expires_at - now())::float8, body_key_id \
                       FROM idempotency_records WHERE id = $1",
     types: &[Type::UUID],
 };
@@ -283,8 +289,9 @@ const DELETE_REPLACEABLE: Sql = Sql {
 };
 const INSERT: Sql = Sql {
     text: "INSERT INTO idempotency_records \
-                      (id, scope, idempotency_key, fingerprint, status, headers, body, expires_at) \
-                      VALUES ($1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8))",
+                      (id, scope, idempotency_key, fingerprint, status, headers, body, \
+                       body_key_id, expires_at) \
+                      VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9))",
     types: &[
         Type::UUID,
         Type::TEXT,
@@ -293,6 +300,7 @@ const INSERT: Sql = Sql {
         Type::INT2,
         Type::BYTEA,
         Type::BYTEA,
+        Type::INT2,
         Type::FLOAT8,
     ],
 };
@@ -302,7 +310,10 @@ const INSERT: Sql = Sql {
 pub(crate) struct StoredResponse {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
+    /// As stored: sealed when `body_key_id` is set (see [`crate::crypto`]).
     pub(crate) body: Bytes,
+    /// The key the body is sealed under; `None` for plaintext.
+    pub(crate) body_key_id: Option<i16>,
     /// How long the record stays live.
     pub(crate) expires_in: std::time::Duration,
 }
@@ -375,7 +386,7 @@ pub(crate) enum Claim {
 
 /// Opens the transaction and claims the key — one round trip once prepared.
 ///
-/// By default, `BEGIN` and one call of `axum_idempotency_claim` (migration 0004) are
+/// By default, `BEGIN` and one call of `axum_idempotency_claim_v2` (migrations 0004, 0005) are
 /// pipelined: a completed record is returned without taking the lock (it never changes);
 /// otherwise the key's transaction-scoped advisory lock is tried and the record read again
 /// in a fresh READ COMMITTED snapshot. With `wait`, the lock is awaited (bounded by a
@@ -472,7 +483,7 @@ const LEASE_ACQUIRE: Sql = Sql {
         state = 'PROCESSING', retryable = false, fencing_token = r.fencing_token + 1, \
         locked_until = EXCLUDED.locked_until, scope = EXCLUDED.scope, \
         idempotency_key = EXCLUDED.idempotency_key, fingerprint = EXCLUDED.fingerprint, \
-        status = 0, headers = '', body = '', updated_at = now(), \
+        status = 0, headers = '', body = '', body_key_id = NULL, updated_at = now(), \
         created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END, \
         expires_at = EXCLUDED.expires_at \
     WHERE r.expires_at <= now() \
@@ -493,8 +504,8 @@ const LEASE_ACQUIRE: Sql = Sql {
 /// Lease mode: the holder's completion, fenced by its token.
 const LEASE_COMPLETE: Sql = Sql {
     text: "UPDATE idempotency_records SET \
-        state = $3, retryable = $4, status = $5, headers = $6, body = $7, \
-        locked_until = NULL, updated_at = now(), expires_at = now() + make_interval(secs => $8) \
+        state = $3, retryable = $4, status = $5, headers = $6, body = $7, body_key_id = $8, \
+        locked_until = NULL, updated_at = now(), expires_at = now() + make_interval(secs => $9) \
     WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING'",
     types: &[
         Type::UUID,
@@ -504,6 +515,7 @@ const LEASE_COMPLETE: Sql = Sql {
         Type::INT2,
         Type::BYTEA,
         Type::BYTEA,
+        Type::INT2,
         Type::FLOAT8,
     ],
 };
@@ -588,14 +600,16 @@ pub(crate) async fn lease_complete(
     let retryable = end == LeaseEnd::RetryableFailure;
     let status = record.status.as_u16() as i16;
     let ttl = record.ttl.as_secs_f64();
-    let params: [&(dyn ToSql + Sync); 8] = [
+    let body = &*record.body.bytes;
+    let params: [&(dyn ToSql + Sync); 9] = [
         &record.id,
         &token,
         &state,
         &retryable,
         &status,
         &record.headers,
-        &record.body,
+        &body,
+        &record.body.key_id,
         &ttl,
     ];
     Ok(db.execute(&complete, &params).await? == 1)
@@ -606,6 +620,7 @@ fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_po
     let headers: &[u8] = row.try_get(1)?;
     let body: Vec<u8> = row.try_get(2)?;
     let expires_in: f64 = row.try_get(8)?;
+    let body_key_id: Option<i16> = row.try_get("body_key_id")?;
     Ok(StoredResponse {
         // A status outside 100..=999 can only come from a hand-edited row.
         status: u16::try_from(status)
@@ -614,6 +629,7 @@ fn stored_response(row: &tokio_postgres::Row) -> Result<StoredResponse, tokio_po
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         headers: decode_headers(headers),
         body: Bytes::from(body),
+        body_key_id,
         expires_in: std::time::Duration::try_from_secs_f64(expires_in).unwrap_or_default(),
     })
 }
@@ -627,7 +643,7 @@ pub(crate) struct NewRecord<'a> {
     pub(crate) fingerprint: Fingerprint,
     pub(crate) status: StatusCode,
     pub(crate) headers: Vec<u8>,
-    pub(crate) body: &'a [u8],
+    pub(crate) body: StoredBody<'a>,
     pub(crate) ttl: std::time::Duration,
 }
 
@@ -637,7 +653,8 @@ pub(crate) enum CommitError {
     /// The primary key already holds a live record: a concurrent request won. The
     /// transaction has been rolled back.
     Conflict,
-    /// The insert or the COMMIT failed; nothing was stored.
+    /// The insert or the COMMIT failed — or its answer was lost, so the outcome is
+    /// unknown: nothing stored, or committed and replayable.
     Failed(tokio_postgres::Error),
 }
 
@@ -677,14 +694,16 @@ pub(crate) async fn insert_and_commit(
     let status = record.status.as_u16() as i16;
     let ttl = record.ttl.as_secs_f64();
     let fingerprint = &record.fingerprint.0[..];
-    let insert_params: [&(dyn ToSql + Sync); 8] = [
+    let body = &*record.body.bytes;
+    let insert_params: [&(dyn ToSql + Sync); 9] = [
         &record.id,
         &record.scope,
         &record.raw_key,
         &fingerprint,
         &status,
         &record.headers,
-        &record.body,
+        &body,
+        &record.body.key_id,
         &ttl,
     ];
     let (relocked, deleted, inserted, committed) = tokio::join!(
@@ -753,11 +772,13 @@ const INBOX_LOOKUP: Sql = Sql {
 /// always written when the work commits.
 const INBOX_RECORD_SUCCESS: Sql = Sql {
     text: "INSERT INTO inbox_messages AS m \
-    (consumer_group, message_id, status, attempts, payload_digest, payload, expires_at) \
-    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, now() + make_interval(secs => $6)) \
+    (consumer_group, message_id, status, attempts, payload_digest, payload, payload_key_id, \
+     expires_at) \
+    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, $6, now() + make_interval(secs => $7)) \
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
         status = 'SUCCESS', attempts = EXCLUDED.attempts, \
         payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
+        payload_key_id = EXCLUDED.payload_key_id, \
         last_error = NULL, updated_at = now(), expires_at = EXCLUDED.expires_at",
     types: &[
         Type::TEXT,
@@ -765,18 +786,21 @@ const INBOX_RECORD_SUCCESS: Sql = Sql {
         Type::INT4,
         Type::BYTEA,
         Type::BYTEA,
+        Type::INT2,
         Type::FLOAT8,
     ],
 };
 const INBOX_RECORD_FAILURE: Sql = Sql {
     text: "INSERT INTO inbox_messages AS m \
-    (consumer_group, message_id, status, attempts, payload_digest, payload, last_error, expires_at) \
-    VALUES ($1, $2, 'FAILED', 1, $3, $4, $5, now() + make_interval(secs => $6)) \
+    (consumer_group, message_id, status, attempts, payload_digest, payload, payload_key_id, \
+     last_error, expires_at) \
+    VALUES ($1, $2, 'FAILED', 1, $3, $4, $5, $6, now() + make_interval(secs => $7)) \
     ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
         status = 'FAILED', \
         attempts = CASE WHEN m.status = 'SUCCESS' OR m.expires_at <= now() \
                         THEN 1 ELSE m.attempts + 1 END, \
         payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
+        payload_key_id = EXCLUDED.payload_key_id, \
         last_error = EXCLUDED.last_error, updated_at = now(), expires_at = EXCLUDED.expires_at \
     WHERE m.status = 'FAILED' OR m.expires_at <= now() \
     RETURNING attempts",
@@ -785,6 +809,7 @@ const INBOX_RECORD_FAILURE: Sql = Sql {
         Type::TEXT,
         Type::BYTEA,
         Type::BYTEA,
+        Type::INT2,
         Type::TEXT,
         Type::FLOAT8,
     ],
@@ -842,7 +867,9 @@ pub(crate) struct InboxWrite<'a> {
     pub(crate) group: &'a str,
     pub(crate) message_id: &'a str,
     pub(crate) payload_digest: Option<&'a [u8]>,
+    /// Sealed when `payload_key_id` is set.
     pub(crate) payload: Option<&'a [u8]>,
+    pub(crate) payload_key_id: Option<i16>,
     pub(crate) retention: std::time::Duration,
 }
 
@@ -854,12 +881,13 @@ pub(crate) async fn inbox_commit(
 ) -> Result<(), tokio_postgres::Error> {
     let statement = db.prepare(&INBOX_RECORD_SUCCESS).await?;
     let retention = write.retention.as_secs_f64();
-    let params: [&(dyn ToSql + Sync); 6] = [
+    let params: [&(dyn ToSql + Sync); 7] = [
         &write.group,
         &write.message_id,
         &attempts,
         &write.payload_digest,
         &write.payload,
+        &write.payload_key_id,
         &retention,
     ];
     let (written, committed) = tokio::join!(
@@ -880,11 +908,12 @@ pub(crate) async fn inbox_record_failure(
 ) -> Result<Option<i32>, tokio_postgres::Error> {
     let statement = db.prepare(&INBOX_RECORD_FAILURE).await?;
     let retention = write.retention.as_secs_f64();
-    let params: [&(dyn ToSql + Sync); 6] = [
+    let params: [&(dyn ToSql + Sync); 7] = [
         &write.group,
         &write.message_id,
         &write.payload_digest,
         &write.payload,
+        &write.payload_key_id,
         &error,
         &retention,
     ];

@@ -86,7 +86,7 @@ async fn client_disconnect_mid_handler_still_commits_and_the_retry_replays() {
         "the retry gets the response the client never saw"
     );
     assert_eq!(knobs.calls(), 1);
-    assert_eq!(db.idle_in_transaction().await, 0);
+    db.assert_settles().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -304,6 +304,35 @@ impl IdempotencyLayer {
         self.with(|c| c.cache = Some(Arc::new(ResponseCache::new(max_bytes))))
     }
 
+    /// Encrypts stored response bodies at rest (feature `encryption`): AES-256-GCM under
+    /// the current key of `keys`, with a random nonce, bound to the record it belongs to.
+    /// Records sealed under an old key of `keys` still replay, and so do records stored in
+    /// plaintext (written before encryption was turned on): the record's `body_key_id`
+    /// column says which. A record under a key id that `keys` does not hold, or one that
+    /// fails to decrypt, is never replayed: the request gets 503 (`store_unavailable`) and
+    /// the error is logged. Default: off — bodies are stored as they are.
+    ///
+    /// Only the body is encrypted: the status, the [kept headers](Self::keep_header) and
+    /// the request fingerprint (a SHA-256) are not. The in-process
+    /// [cache](Self::cache_responses) and the Redis front line hold responses in
+    /// plaintext. Turn encryption on only once every instance runs a version that knows
+    /// it (migration 0005): an older instance cannot tell a sealed body from a plain one.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool, key_2: [u8; 32], key_1: [u8; 32]) {
+    /// use axum_idempotency::{BodyKeys, IdempotencyLayer};
+    ///
+    /// // New bodies under key 2; bodies stored under key 1 before the rotation still replay.
+    /// let layer = IdempotencyLayer::new(pool)
+    ///     .encrypt_bodies(BodyKeys::new(2, key_2).with_old_key(1, key_1));
+    /// # }
+    /// ```
+    #[cfg(feature = "encryption")]
+    #[must_use]
+    pub fn encrypt_bodies(self, keys: crate::BodyKeys) -> Self {
+        self.with(|c| c.body_keys = Some(keys))
+    }
+
     /// Puts Redis in front of PostgreSQL (feature `redis`): "a fast layer in front for
     /// speed, the database behind it for correctness, never Redis alone". Every app
     /// instance whose layer uses the same Redis and [prefix](Self::redis_prefix) shares:
