@@ -2,32 +2,19 @@
 //! timeouts, cut connections, killed backends and handler 503s, then the invariants checked
 //! against the database.
 
+mod common;
+
+use common::example_binary;
+
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-/// `target/<profile>/examples/chaos`, built if `cargo test` has not built it yet.
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir.join("examples").join("chaos");
-    if !binary.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .args(["build", "--example", "chaos"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building the chaos example failed");
-    }
-    binary
-}
 
 #[test]
 fn chaos_run_executes_every_key_once_and_replays_every_answer() {
     let started = Instant::now();
     // DATABASE_URL, if set, is inherited.
-    let output = Command::new(example_binary())
+    let output = Command::new(example_binary("chaos"))
         .args([
             "--keys",
             "300",

@@ -3,60 +3,11 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
-
-/// `target/<profile>/examples/orders`, built if `cargo test` has not built it yet.
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir.join("examples").join("orders");
-    if !binary.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "--example", "orders"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building the orders example failed");
-    }
-    binary
-}
-
-/// Starts the example in the test's schema and returns it with the address it printed.
-async fn start_example(db: &TestDb) -> (Child, String) {
-    let url = format!(
-        "{}?options=-c%20search_path%3D{}",
-        database_url(),
-        db.schema
-    );
-    let mut child = Command::new(example_binary())
-        .env("DATABASE_URL", url)
-        .env("BIND_ADDR", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some((_, addr)) = line.split_once("listening on http://") {
-                return addr.trim().to_owned();
-            }
-        }
-        panic!("the example exited before serving");
-    })
-    .await
-    .expect("the example did not start in 30 s");
-    // Keep draining its output, so it never writes into a closed pipe.
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
-}
 
 /// One HTTP/1.1 exchange; returns status and body.
 async fn http(addr: &str, request: &str) -> (u16, String) {
@@ -91,7 +42,8 @@ fn metric(text: &str, outcome: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_example_serves_idempotent_orders_and_metrics() {
     let db = TestDb::bare(1).await;
-    let (mut child, addr) = start_example(&db).await;
+    let (mut child, addr) =
+        start_orders_example(&[("DATABASE_URL", &schema_url(&db.schema))]).await;
 
     let (status, first) = http(&addr, &post_order("ex-1", 299)).await;
     assert_eq!(status, 201, "{first}");

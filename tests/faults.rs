@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -15,9 +13,8 @@ use axum_idempotency::{Error, IdempotencyLayer, IdempotentTx, Inbox, InboxError,
 use common::proxy::{COMMIT_QUERY, Proxy};
 use common::*;
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::process::{Child, Command};
 use tokio::sync::Semaphore;
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -253,50 +250,6 @@ async fn terminated_backend_mid_handler_rolls_back_and_is_not_reused() {
 // ---------------------------------------------------------------------------------------
 // (e) The example app killed with SIGKILL mid-handler.
 
-/// `target/<profile>/examples/orders`, built if `cargo test` has not built it yet.
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir.join("examples").join("orders");
-    if !binary.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "--example", "orders"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building the orders example failed");
-    }
-    binary
-}
-
-async fn start_example(db: &TestDb) -> (Child, String) {
-    let url = format!(
-        "{}?options=-c%20search_path%3D{}",
-        database_url(),
-        db.schema
-    );
-    let mut child = Command::new(example_binary())
-        .env("DATABASE_URL", url)
-        .env("BIND_ADDR", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some((_, addr)) = line.split_once("listening on http://") {
-                return addr.trim().to_owned();
-            }
-        }
-        panic!("the example exited before serving");
-    })
-    .await
-    .expect("the example did not start in 30 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
-}
-
 /// One HTTP/1.1 exchange: the status, or `None` if the connection broke first.
 async fn try_http(addr: &str, request: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect(addr).await.ok()?;
@@ -323,7 +276,8 @@ fn post_order(key: &str, amount: i64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_killed_mid_handler_the_retry_runs_exactly_once() {
     let db = TestDb::bare(1).await;
-    let (mut child, addr) = start_example(&db).await;
+    let (mut child, addr) =
+        start_orders_example(&[("DATABASE_URL", &schema_url(&db.schema))]).await;
 
     // Hold the orders table so the POST waits inside its handler.
     let blocker = connect(&database_url()).await;
@@ -358,7 +312,8 @@ async fn app_killed_mid_handler_the_retry_runs_exactly_once() {
     assert!(lost.is_none(), "the client got no answer: {lost:?}");
     blocker.batch_execute("ROLLBACK").await.unwrap();
 
-    let (mut child, addr) = start_example(&db).await;
+    let (mut child, addr) =
+        start_orders_example(&[("DATABASE_URL", &schema_url(&db.schema))]).await;
     // The killed app's backend ends once it sees its client gone; until then the key may
     // still be in flight (409).
     let mut answer = None;

@@ -24,10 +24,13 @@ use axum_idempotency::{
     Admin, Error, IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox, InboxError, Outcome,
     Sweeper,
 };
-use common::{Knobs, connect, database_url, post_json, router, scoped, send, unique_name};
+use common::{
+    Knobs, connect, database_url, post_json, router, scoped, send, start_orders_example,
+    unique_name,
+};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio_postgres::NoTls;
@@ -297,46 +300,6 @@ async fn count(client: &tokio_postgres::Client, sql: &str) -> i64 {
 // ---------------------------------------------------------------------------------------
 // The orders example as a child process, its DATABASE_URL pointing at PgBouncer.
 
-/// `target/<profile>/examples/orders`, built if `cargo test` has not built it yet.
-fn example_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
-    let binary = profile_dir.join("examples").join("orders");
-    if !binary.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "--example", "orders"])
-            .status()
-            .unwrap();
-        assert!(status.success(), "building the orders example failed");
-    }
-    binary
-}
-
-async fn start_example(database_url: &str) -> (Child, SocketAddr) {
-    let mut child = Command::new(example_binary())
-        .env("DATABASE_URL", database_url)
-        .env("BIND_ADDR", "127.0.0.1:0")
-        .env("PREPARED_STATEMENTS", "false")
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some((_, addr)) = line.split_once("listening on http://") {
-                return addr.trim().parse().unwrap();
-            }
-        }
-        panic!("the example exited before serving");
-    })
-    .await
-    .expect("the example did not start in 30 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
-}
-
 /// One HTTP/1.1 exchange over a fresh connection.
 struct HttpAnswer {
     status: u16,
@@ -371,7 +334,12 @@ async fn orders_example_behind_pgbouncer_replays_and_runs_once_under_concurrency
         return;
     };
     let bouncer = Bouncer::start(&binary).await;
-    let (_example, addr) = start_example(&bouncer.url()).await;
+    let (_example, addr) = start_orders_example(&[
+        ("DATABASE_URL", bouncer.url().as_str()),
+        ("PREPARED_STATEMENTS", "false"),
+    ])
+    .await;
+    let addr: SocketAddr = addr.parse().unwrap();
     let direct = bouncer.direct().await;
 
     // Replay: the same key twice gives the same body, the second marked as a replay.

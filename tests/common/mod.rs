@@ -407,3 +407,53 @@ pub async fn send(app: &Router, request: Request<Body>) -> Answer {
         body: body.collect().await.unwrap().to_bytes(),
     }
 }
+
+/// `target/<profile>/examples/<name>`, built if `cargo test` has not built it yet.
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let binary = profile_dir.join("examples").join(name);
+    if !binary.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--example", name])
+            .status()
+            .unwrap();
+        assert!(status.success(), "building the {name} example failed");
+    }
+    binary
+}
+
+/// The orders example as a child process on an ephemeral port, with these environment
+/// variables; returns it and the address it printed. Its output keeps being drained, so
+/// it never writes into a closed pipe; it is killed when the handle drops.
+pub async fn start_orders_example(env: &[(&str, &str)]) -> (tokio::process::Child, String) {
+    use tokio::io::AsyncBufReadExt;
+    let mut command = tokio::process::Command::new(example_binary("orders"));
+    command
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some((_, addr)) = line.split_once("listening on http://") {
+                return addr.trim().to_owned();
+            }
+        }
+        panic!("the example exited before serving");
+    })
+    .await
+    .expect("the example did not start in 30 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr)
+}
+
+/// `DATABASE_URL` with this test's schema as the search path.
+pub fn schema_url(schema: &str) -> String {
+    format!("{}?options=-c%20search_path%3D{schema}", database_url())
+}
