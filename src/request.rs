@@ -314,13 +314,8 @@ impl RequestState {
                 return self.unavailable(crate::Error::Encryption(e));
             }
         };
-        self.remember(
-            stored.status,
-            stored.headers.clone(),
-            body.clone(),
-            stored.expires_in,
-        )
-        .await;
+        self.remember(stored.status, &stored.headers, &body, stored.expires_in)
+            .await;
         replay(stored.status, stored.headers, body)
     }
 
@@ -408,7 +403,7 @@ impl RequestState {
     /// Keeps a completed response where the next retry finds it before PostgreSQL: the
     /// in-process cache and the Redis front line, whichever are on. Giving the Redis lock
     /// back rides along with the write.
-    async fn remember(&self, status: StatusCode, headers: HeaderMap, body: Bytes, ttl: Duration) {
+    async fn remember(&self, status: StatusCode, headers: &HeaderMap, body: &Bytes, ttl: Duration) {
         #[cfg(feature = "redis")]
         if let Some(front) = &self.config.redis {
             let release = self.redis_lock.swap(false, Ordering::AcqRel);
@@ -417,15 +412,23 @@ impl RequestState {
                     self.id,
                     self.fingerprint,
                     status,
-                    &headers,
-                    &body,
+                    headers,
+                    body,
                     ttl,
                     release,
                 )
                 .await;
         }
         if let Some(cache) = &self.config.cache {
-            cache.insert(self.id, self.fingerprint, status, headers, body, ttl);
+            // Copies only when the cache is on: a replay from the database clones nothing.
+            cache.insert(
+                self.id,
+                self.fingerprint,
+                status,
+                headers.clone(),
+                body.clone(),
+                ttl,
+            );
         }
     }
 
@@ -550,7 +553,7 @@ impl RequestState {
                 conn.mark_ended();
                 tracing::debug!(record = %self.id, status = %parts.status, "committed");
                 telemetry::request(RequestOutcome::Executed);
-                self.remember(parts.status, kept, body.clone(), self.remaining_ttl())
+                self.remember(parts.status, &kept, &body, self.remaining_ttl())
                     .await;
                 Response::from_parts(parts, Body::from(body))
             }
@@ -632,7 +635,7 @@ impl RequestState {
                         if token > 1 && end == LeaseEnd::Success {
                             telemetry::retry_success("lease");
                         }
-                        self.remember(parts.status, kept, body.clone(), self.remaining_ttl())
+                        self.remember(parts.status, &kept, &body, self.remaining_ttl())
                             .await;
                     }
                 }
@@ -775,21 +778,30 @@ pub(crate) fn request_state(
     Err(rejection)
 }
 
+/// What both extractors do: find the request's state, claim the key in their mode, and
+/// free the Redis pre-filter's lock when the claim answers without running the handler.
+async fn extract<T>(
+    parts: &Parts,
+    extractor: &str,
+    claim: impl AsyncFnOnce(&Arc<RequestState>) -> Result<T, Response>,
+) -> Result<T, Response> {
+    // Rendered with the default; the layer (when present) re-renders custom rejections.
+    let state = request_state(parts, extractor).map_err(|r| r.problem_response())?;
+    let claimed = claim(&state)
+        .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
+        .await;
+    if claimed.is_err() {
+        // Answered without running the handler: the key is free for the next retry.
+        state.release_redis_lock().await;
+    }
+    claimed
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for IdempotentTx {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        // Rendered with the default; the layer (when present) re-renders custom rejections.
-        let state = request_state(parts, "IdempotentTx").map_err(|r| r.problem_response())?;
-        let claimed = state
-            .claim()
-            .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
-            .await;
-        if claimed.is_err() {
-            // Answered without running the handler: the key is free for the next retry.
-            state.release_redis_lock().await;
-        }
-        claimed
+        extract(parts, "IdempotentTx", async |state| state.claim().await).await
     }
 }
 
@@ -797,14 +809,9 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotentLease {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let state = request_state(parts, "IdempotentLease").map_err(|r| r.problem_response())?;
-        let claimed = state
-            .claim_lease()
-            .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
-            .await;
-        if claimed.is_err() {
-            state.release_redis_lock().await;
-        }
-        claimed
+        extract(parts, "IdempotentLease", async |state| {
+            state.claim_lease().await
+        })
+        .await
     }
 }

@@ -13,7 +13,6 @@ use axum_idempotency::IdempotencyLayer;
 use common::*;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 async fn serve(app: Router) -> std::net::SocketAddr {
@@ -29,25 +28,6 @@ fn raw_post(key: &str, body: &str) -> String {
          idempotency-key: {key}\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     )
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-fn gated() -> (Arc<Knobs>, Arc<Semaphore>) {
-    let gate = Arc::new(Semaphore::new(0));
-    let knobs = Arc::new(Knobs {
-        gate: Some(Arc::clone(&gate)),
-        ..Knobs::default()
-    });
-    (knobs, gate)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,25 +19,6 @@ use tokio::sync::Semaphore;
 
 const BOUND: Duration = Duration::from_secs(20);
 
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
-fn gated() -> (Arc<Knobs>, Arc<Semaphore>) {
-    let gate = Arc::new(Semaphore::new(0));
-    let knobs = Arc::new(Knobs {
-        gate: Some(Arc::clone(&gate)),
-        ..Knobs::default()
-    });
-    (knobs, gate)
-}
-
 fn assert_5xx(answer: &Answer) {
     assert!(
         answer.status.is_server_error(),

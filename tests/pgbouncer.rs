@@ -278,17 +278,7 @@ async fn create_tables(pool: &Pool) {
     pool.get()
         .await
         .unwrap()
-        .batch_execute(
-            "CREATE TABLE orders (
-                 id      bigserial PRIMARY KEY,
-                 user_id bigint NOT NULL,
-                 amount  bigint NOT NULL
-             );
-             CREATE TABLE parents (id bigint PRIMARY KEY);
-             CREATE TABLE children (
-                 parent_id bigint REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED
-             );",
-        )
+        .batch_execute(common::TEST_TABLES)
         .await
         .unwrap();
 }

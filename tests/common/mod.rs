@@ -28,6 +28,19 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// The tables the test handler (`router`) writes: orders, and a deferred foreign key
+/// that can make a COMMIT fail.
+pub const TEST_TABLES: &str = "
+    CREATE TABLE orders (
+        id      bigserial PRIMARY KEY,
+        user_id bigint NOT NULL,
+        amount  bigint NOT NULL
+    );
+    CREATE TABLE parents (id bigint PRIMARY KEY);
+    CREATE TABLE children (
+        parent_id bigint REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED
+    );";
+
 /// A schema of its own for one test, dropped when the test ends.
 pub struct TestDb {
     pub schema: String,
@@ -100,20 +113,7 @@ impl TestDb {
         let db = Self::bare(pool_size).await;
         axum_idempotency::migrate(&db.pool).await.unwrap();
         let client = db.pool.get().await.unwrap();
-        client
-            .batch_execute(
-                "CREATE TABLE orders (
-                     id      bigserial PRIMARY KEY,
-                     user_id bigint NOT NULL,
-                     amount  bigint NOT NULL
-                 );
-                 CREATE TABLE parents (id bigint PRIMARY KEY);
-                 CREATE TABLE children (
-                     parent_id bigint REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED
-                 );",
-            )
-            .await
-            .unwrap();
+        client.batch_execute(TEST_TABLES).await.unwrap();
         drop(client);
         db
     }
@@ -456,4 +456,25 @@ pub async fn start_orders_example(env: &[(&str, &str)]) -> (tokio::process::Chil
 /// `DATABASE_URL` with this test's schema as the search path.
 pub fn schema_url(schema: &str) -> String {
     format!("{}?options=-c%20search_path%3D{schema}", database_url())
+}
+
+/// Polls `check` every 50 ms until it holds; panics after 10 s.
+pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Knobs whose handler waits for a permit of the returned gate after its insert.
+pub fn gated() -> (Arc<Knobs>, Arc<Semaphore>) {
+    let gate = Arc::new(Semaphore::new(0));
+    let knobs = Arc::new(Knobs {
+        gate: Some(Arc::clone(&gate)),
+        ..Knobs::default()
+    });
+    (knobs, gate)
 }
