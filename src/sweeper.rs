@@ -48,8 +48,10 @@ use crate::key::hex;
 use crate::store::{Db, Sql};
 use crate::telemetry;
 
-/// Pause between two batches, so a long purge leaves room for live traffic.
-const BATCH_PAUSE: Duration = Duration::from_millis(5);
+/// The shortest pause between two batches. The pause is at least as long as the batch
+/// took, so a long purge spends at most half of its time deleting and leaves room for live
+/// traffic whatever the batch size and the machine.
+const MIN_BATCH_PAUSE: Duration = Duration::from_millis(5);
 /// Record ids named in the stale-lease warning.
 const STALE_IDS_LOGGED: i64 = 10;
 
@@ -339,13 +341,15 @@ impl Sweeper {
             let client = self.config.pool.get().await?;
             let db = Db::new(&client, self.config.prepared_statements);
             let statement = db.prepare(sql).await?;
+            let started = tokio::time::Instant::now();
             let affected = db.execute(&statement, params).await?;
+            let took = started.elapsed();
             drop(client);
             total += affected;
             if affected < batch_size {
                 return Ok(total);
             }
-            tokio::time::sleep(BATCH_PAUSE).await;
+            tokio::time::sleep(took.max(MIN_BATCH_PAUSE)).await;
         }
     }
 
