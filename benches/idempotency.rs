@@ -513,7 +513,6 @@ async fn main() {
         "| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to bare | peak RSS MiB |"
     );
     println!("|---|---|---|---|---|---|---|");
-    let mut at16 = Vec::new();
     for &concurrency in concurrencies {
         let requests = if concurrency == 1 {
             requests / 3
@@ -540,13 +539,10 @@ async fn main() {
                 figures.rps / bare_rps,
                 figures.peak_rss_mib
             );
-            if concurrency == 16 {
-                at16.push((variant, figures));
-            }
         }
     }
     if let Some(records) = options.scale {
-        scale_run(&admin, &schema, &pool, servers, records, &at16).await;
+        scale_run(&admin, &schema, &pool, servers, records).await;
     } else if let Some(records) = options.sweep {
         println!("\nloading {records} expired records …");
         load(&admin, &schema, records, "now() - interval '1 hour'").await;
@@ -565,8 +561,12 @@ async fn scale_run(
     pool: &Pool,
     servers: Servers,
     records: u64,
-    empty: &[(Variant, Figures)],
 ) {
+    // The empty-table figures, measured here so that the WAL counters cover them alone.
+    let mut empty = Vec::new();
+    for variant in [Variant::New, Variant::Replay] {
+        empty.push(measured_with_wal(admin, variant, servers).await);
+    }
     println!("\nloading {records} records …");
     let started = Instant::now();
     load(admin, schema, records, "now() + interval '3 days'").await;
@@ -578,22 +578,19 @@ async fn scale_run(
         per_million(table),
         per_million(indexes)
     );
-    println!("\n| variant (c=16) | empty table req/s | {records} records req/s | ratio |");
-    println!("|---|---|---|---|");
-    for variant in [Variant::New, Variant::Replay] {
-        let before = empty
-            .iter()
-            .find(|(v, _)| *v == variant)
-            .map(|(_, f)| f.rps)
-            .unwrap_or(f64::NAN);
-        let after = run(variant, servers, 16, 3000).await;
-        println!(
-            "| {} | {:.0} | {:.0} | {:.2} |",
-            variant.name(),
-            before,
-            after.rps,
-            after.rps / before
-        );
+    println!("\n| variant (c=16) | table | req/s | ratio to empty | WAL bytes/request |");
+    println!("|---|---|---|---|---|");
+    for (variant, before) in [Variant::New, Variant::Replay].into_iter().zip(&empty) {
+        let after = measured_with_wal(admin, variant, servers).await;
+        for (table, figures) in [("empty", before), ("loaded", &after)] {
+            println!(
+                "| {} | {table} | {:.0} | {:.2} | {:.0} |",
+                variant.name(),
+                figures.rps,
+                figures.rps / before.rps,
+                figures.wal_bytes
+            );
+        }
     }
 
     // Purge a million expired records while serving new requests.
@@ -605,6 +602,42 @@ async fn scale_run(
         .await
         .unwrap();
     purge_under_load(admin, schema, pool, servers).await;
+}
+
+/// Requests/s and what each request wrote to the WAL (the server's WAL position before
+/// and after: the benchmark should have the server to itself).
+struct WalFigures {
+    rps: f64,
+    wal_bytes: f64,
+}
+
+async fn measured_with_wal(
+    admin: &tokio_postgres::Client,
+    variant: Variant,
+    servers: Servers,
+) -> WalFigures {
+    let lsn = async || -> String {
+        admin
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let before = lsn().await;
+    let figures = run(variant, servers, 16, 3000).await;
+    let after = lsn().await;
+    let written: f64 = admin
+        .query_one(
+            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8",
+            &[&after, &before],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    WalFigures {
+        rps: figures.rps,
+        wal_bytes: written / figures.latencies.len() as f64,
+    }
 }
 
 /// Inserts `records` records (not through HTTP) expiring at the SQL expression `expires`,

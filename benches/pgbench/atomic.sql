@@ -1,10 +1,10 @@
 \set k random(1, 9000000000000000000)
 \startpipeline
 BEGIN;
-SELECT * FROM axum_idempotency_claim(gen_random_uuid(), :k);
+SELECT r.status, r.headers, r.body, r.fingerprint, r.expires_at <= now(), r.state, r.retryable, ceil(extract(epoch FROM r.locked_until - now()))::int4, extract(epoch FROM r.expires_at - now())::float8, CASE WHEN r.expires_at > now() AND (r.state = 'SUCCESS' OR (r.state = 'FAILED' AND NOT r.retryable)) THEN false ELSE pg_try_advisory_xact_lock(:k) END AS locked, r.id IS NOT NULL AS found, r.body_key_id FROM (VALUES (1)) AS one (x) LEFT JOIN idempotency_records r ON r.id = md5(:k::text)::uuid;
 \endpipeline
 INSERT INTO orders (user_id, amount) VALUES (1, 2) RETURNING id;
 \startpipeline
-INSERT INTO idempotency_records (id, scope, idempotency_key, fingerprint, status, headers, body, expires_at) VALUES (gen_random_uuid(), '', NULL, '\x0102030405060708091011121314151617181920212223242526272829303132', 201, '\x000c636f6e74656e742d74797065000000106170706c69636174696f6e2f6a736f6e', '{"id":1,"user_id":1,"amount":2}', now() + make_interval(secs => 86400));
+INSERT INTO idempotency_records (id, scope, idempotency_key, fingerprint, status, headers, body, expires_at) VALUES (md5(:k::text)::uuid, '', NULL, '\x0102030405060708091011121314151617181920212223242526272829303132', 201, '\x000c636f6e74656e742d74797065000000106170706c69636174696f6e2f6a736f6e', '{"id":1,"user_id":1,"amount":2}', now() + make_interval(secs => 86400));
 COMMIT;
 \endpipeline
