@@ -774,3 +774,61 @@ async fn cached_replays_need_no_database_and_keep_every_check() {
     assert!(!again.replayed());
     assert_eq!(knobs.calls(), 3);
 }
+
+/// The claim reads the record and tries the key's lock in one statement, so a holder that
+/// commits between that statement's snapshot and its lock is not seen. The record's
+/// primary key catches it: the late request's writes roll back and it answers with the
+/// winner's response.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key() {
+    // The winner's record: the same request, answered in another schema.
+    let winner = TestDb::new(2).await;
+    let (winner_app, _) = app(&winner);
+    let body = json!({"amount": 7});
+    let first = send(
+        &winner_app,
+        post_json("/orders", Some("behind-the-back"), &body),
+    )
+    .await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    let db = TestDb::new(2).await;
+    let (knobs, gate) = gated();
+    let late_app = router(
+        Arc::clone(&knobs),
+        scoped(IdempotencyLayer::new(db.pool.clone())),
+    );
+    let late = tokio::spawn({
+        let late_app = late_app.clone();
+        let body = body.clone();
+        async move {
+            send(
+                &late_app,
+                post_json("/orders", Some("behind-the-back"), &body),
+            )
+            .await
+        }
+    });
+    // The late request claimed an absent record, holds the lock and has written its order.
+    knobs.wait_inserted().await;
+    db.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.idempotency_records SELECT * FROM {}.idempotency_records",
+            db.schema, winner.schema
+        ))
+        .await
+        .unwrap();
+    gate.add_permits(1);
+    let answer = late.await.unwrap();
+
+    assert_eq!(answer.status, StatusCode::CREATED);
+    assert!(answer.replayed(), "the winner's response is replayed");
+    assert_eq!(answer.json(), first.json());
+    assert_eq!(knobs.calls(), 1);
+    assert_eq!(
+        (db.orders().await, db.records().await),
+        (0, 1),
+        "the late request's order was rolled back with its record"
+    );
+    db.assert_settles().await;
+}
