@@ -3,12 +3,16 @@
 //!
 //! ```text
 //! cargo bench --bench idempotency --all-features                 # full run (a few minutes)
-//! cargo bench --bench idempotency --all-features -- --quick      # smoke run
+//! cargo bench --bench idempotency --all-features -- --quick      # smoke run, one round
 //! cargo bench --bench idempotency --all-features -- --scale 10000000   # + 10 million records
+//! cargo bench --bench idempotency --all-features -- --sweep 1000000    # + a purge under load
+//! cargo bench --bench idempotency --all-features -- --only new,replay  # bare and these
+//! cargo bench --bench idempotency --all-features -- --rounds 5         # default 3
 //! ```
 //!
 //! Every variant runs in this one process against one PostgreSQL, and each is reported
-//! as a ratio to `bare` at the same concurrency, so the figures survive a noisy machine.
+//! as a ratio to `bare` at the same concurrency, taken within one round of all variants;
+//! the round with the median ratio is printed, so the figures survive a noisy machine.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -430,6 +434,8 @@ struct Options {
     only: Vec<String>,
     /// Expired records to load and purge under load, without the scale run.
     sweep: Option<u64>,
+    /// Rounds of every variant per concurrency; the median ratio is reported.
+    rounds: usize,
 }
 
 fn options() -> Options {
@@ -450,11 +456,20 @@ fn options() -> Options {
         .position(|a| a == "--sweep")
         .and_then(|i| args.get(i + 1))
         .map(|n| n.parse().expect("--sweep takes a number of records"));
+    let quick = args.iter().any(|a| a == "--quick");
+    let rounds = args
+        .iter()
+        .position(|a| a == "--rounds")
+        .and_then(|i| args.get(i + 1))
+        .map(|n| n.parse().expect("--rounds takes a number"))
+        .unwrap_or(if quick { 1 } else { 3 })
+        .max(1);
     Options {
-        quick: args.iter().any(|a| a == "--quick"),
+        quick,
         scale,
         only,
         sweep,
+        rounds,
     }
 }
 
@@ -523,12 +538,30 @@ async fn main() {
         for &variant in &variants {
             run(variant, servers, concurrency, concurrency * 5).await;
         }
-        let mut bare_rps = 0.0;
-        for &variant in &variants {
-            let figures = run(variant, servers, concurrency, requests).await;
-            if variant == Variant::Bare {
-                bare_rps = figures.rps;
+        // Rounds of every variant in turn. A variant's ratio to `bare` is the median of its
+        // ratios within each round; its requests/s, p50 and p99 are those of its median
+        // round by requests/s.
+        let mut rounds = Vec::with_capacity(options.rounds);
+        for _ in 0..options.rounds {
+            let mut round = Vec::with_capacity(variants.len());
+            for &variant in &variants {
+                round.push(run(variant, servers, concurrency, requests).await);
             }
+            rounds.push(round);
+        }
+        let median = |mut values: Vec<f64>| {
+            values.sort_by(f64::total_cmp);
+            values[values.len() / 2]
+        };
+        for (i, &variant) in variants.iter().enumerate() {
+            let ratio = median(rounds.iter().map(|r| r[i].rps / r[0].rps).collect());
+            let mut by_rps: Vec<&Figures> = rounds.iter().map(|r| &r[i]).collect();
+            by_rps.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+            let figures = by_rps[by_rps.len() / 2];
+            let peak = rounds
+                .iter()
+                .map(|round| round[i].peak_rss_mib)
+                .fold(0.0, f64::max);
             println!(
                 "| {} | {} | {:.0} | {} | {} | {:.2} | {:.1} |",
                 variant.name(),
@@ -536,8 +569,8 @@ async fn main() {
                 figures.rps,
                 ms(figures.p50),
                 ms(figures.p99),
-                figures.rps / bare_rps,
-                figures.peak_rss_mib
+                ratio,
+                peak
             );
         }
     }
