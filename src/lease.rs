@@ -47,8 +47,10 @@ impl IdempotentLease {
         Self { state, token }
     }
 
-    /// The fencing token of this lease: 1 for the first holder, one more for every
-    /// takeover. Pass it to downstream systems that can reject stale writers.
+    /// The fencing token of this lease: drawn from a database sequence when the key is
+    /// first leased, and higher at every takeover, so a later holder of a key always has a
+    /// higher token than an earlier one — even if the key's record was purged in between.
+    /// Pass it to downstream systems that can reject stale writers.
     pub fn fencing_token(&self) -> i64 {
         self.token
     }

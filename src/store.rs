@@ -190,6 +190,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "body_encryption",
         sql: include_str!("../migrations/0005_body_encryption.sql"),
     },
+    Migration {
+        version: 6,
+        name: "fencing_tokens",
+        sql: include_str!("../migrations/0006_fencing_tokens.sql"),
+    },
 ];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
@@ -496,10 +501,11 @@ const LEASE_ACQUIRE: Sql = Sql {
     text: "INSERT INTO idempotency_records AS r \
     (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
      status, headers, body, expires_at) \
-    VALUES ($1, $2, $3, $4, 'PROCESSING', 1, now() + make_interval(secs => $5), \
-            0, '', '', now() + make_interval(secs => $6)) \
+    VALUES ($1, $2, $3, $4, 'PROCESSING', nextval('idempotency_fencing_tokens'), \
+            now() + make_interval(secs => $5), 0, '', '', now() + make_interval(secs => $6)) \
     ON CONFLICT (id) DO UPDATE SET \
-        state = 'PROCESSING', retryable = false, fencing_token = r.fencing_token + 1, \
+        state = 'PROCESSING', retryable = false, \
+        fencing_token = GREATEST(r.fencing_token + 1, EXCLUDED.fencing_token), \
         locked_until = EXCLUDED.locked_until, scope = EXCLUDED.scope, \
         idempotency_key = EXCLUDED.idempotency_key, fingerprint = EXCLUDED.fingerprint, \
         status = 0, headers = '', body = '', body_key_id = NULL, updated_at = now(), \

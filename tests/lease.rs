@@ -21,17 +21,23 @@ use tower::ServiceExt;
 struct Seen {
     calls: AtomicUsize,
     started: Semaphore,
-    /// When set, the first call waits for a permit before answering.
-    first_waits: Option<Arc<Semaphore>>,
+    /// Call n (from 1) waits for a permit of `gates[n - 1]`, if there is one, before
+    /// answering.
+    gates: Vec<Arc<Semaphore>>,
     derived: Mutex<Vec<String>>,
 }
 
 impl Seen {
+    /// With `first_waits`, the first call waits for a permit before answering.
     fn new(first_waits: Option<Arc<Semaphore>>) -> Arc<Self> {
+        Self::gated(first_waits.into_iter().collect())
+    }
+
+    fn gated(gates: Vec<Arc<Semaphore>>) -> Arc<Self> {
         Arc::new(Self {
             calls: AtomicUsize::new(0),
             started: Semaphore::new(0),
-            first_waits,
+            gates,
             derived: Mutex::new(Vec::new()),
         })
     }
@@ -54,10 +60,8 @@ async fn charge(
     let attempt = seen.calls.fetch_add(1, Ordering::SeqCst) + 1;
     seen.derived.lock().await.push(lease.derive_key("charge"));
     seen.started.add_permits(1);
-    if attempt == 1 {
-        if let Some(gate) = &seen.first_waits {
-            gate.acquire().await.unwrap().forget();
-        }
+    if let Some(gate) = seen.gates.get(attempt - 1) {
+        gate.acquire().await.unwrap().forget();
     }
     if body["hang"].as_bool() == Some(true) && attempt == 1 {
         std::future::pending::<()>().await;
@@ -217,10 +221,16 @@ async fn a_crashed_holder_is_taken_over_after_its_lease_expires() {
     )
     .await;
     assert_eq!(retry.status, StatusCode::CREATED);
-    assert_eq!(retry.json(), json!({"attempt": 2, "token": 2}));
+    assert_eq!(retry.json()["attempt"], 2);
+    // Every claim draws from the sequence, the refused one in between too.
+    let token = retry.json()["token"].as_i64().unwrap();
+    assert!(
+        token > 1,
+        "the takeover's token {token} is above the first holder's 1"
+    );
     assert_eq!(
         record(&db).await,
-        ("SUCCESS".to_owned(), false, 2, 201, false)
+        ("SUCCESS".to_owned(), false, token, 201, false)
     );
     let derived = seen.derived.lock().await.clone();
     assert_eq!(derived.len(), 2);
@@ -266,6 +276,49 @@ async fn a_slow_holder_cannot_overwrite_the_newer_result() {
         record(&db).await,
         ("SUCCESS".to_owned(), false, 2, 201, false)
     );
+}
+
+/// A PROCESSING record can disappear while its holder still runs: the sweeper purges a
+/// record long past its expiry whatever its state. The next holder's token comes from a
+/// sequence, never the old holder's again, so the old holder's completion cannot land on
+/// the new lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_whose_record_was_purged_cannot_complete_the_next_lease() {
+    let db = TestDb::new(4).await;
+    let (old_gate, new_gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
+    let seen = Seen::gated(vec![Arc::clone(&old_gate), Arc::clone(&new_gate)]);
+    let app = app(&db, &seen, |l| l);
+    let request = || post_json("/charges", Some("pay-9"), &json!({}));
+    let old = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request()).await }
+    });
+    seen.wait_started().await;
+    let (_, _, old_token, _, _) = record(&db).await;
+    db.admin
+        .batch_execute(&format!("DELETE FROM {}.idempotency_records", db.schema))
+        .await
+        .unwrap();
+    let new = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request()).await }
+    });
+    seen.wait_started().await;
+    let (state, _, new_token, _, _) = record(&db).await;
+    assert_eq!(state, "PROCESSING");
+    assert!(new_token > old_token, "{new_token} after {old_token}");
+
+    old_gate.add_permits(1);
+    let old = old.await.unwrap();
+    assert_eq!(old.status, StatusCode::CONFLICT);
+    assert_eq!(old.problem_code(), "lease_lost");
+    new_gate.add_permits(1);
+    let new = new.await.unwrap();
+    assert_eq!(new.status, StatusCode::CREATED);
+    assert_eq!(new.json(), json!({"attempt": 2, "token": new_token}));
+    let stored = send(&app, request()).await;
+    assert!(stored.replayed());
+    assert_eq!(stored.body, new.body, "the new holder's result stands");
 }
 
 #[tokio::test]
