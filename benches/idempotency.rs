@@ -234,11 +234,19 @@ impl Variant {
 
 struct Figures {
     rps: f64,
-    p50: Duration,
-    p99: Duration,
     peak_rss_mib: f64,
     /// Every request's latency, sorted.
     latencies: Vec<Duration>,
+}
+
+impl Figures {
+    fn p50(&self) -> Duration {
+        quantile(&self.latencies, 0.50)
+    }
+
+    fn p99(&self) -> Duration {
+        quantile(&self.latencies, 0.99)
+    }
 }
 
 /// The latency at quantile `q` of sorted `latencies`.
@@ -362,8 +370,6 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: u
     latencies.sort_unstable();
     Figures {
         rps: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50: quantile(&latencies, 0.50),
-        p99: quantile(&latencies, 0.99),
         peak_rss_mib: peak_rss_mib(),
         latencies,
     }
@@ -438,38 +444,32 @@ struct Options {
     rounds: usize,
 }
 
+/// The argument after `flag`, if the flag was given.
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let at = args.iter().position(|a| a == flag)?;
+    Some(
+        args.get(at + 1)
+            .unwrap_or_else(|| panic!("{flag} takes a value")),
+    )
+}
+
 fn options() -> Options {
     let args: Vec<String> = std::env::args().collect();
-    let scale = args
-        .iter()
-        .position(|a| a == "--scale")
-        .and_then(|i| args.get(i + 1))
-        .map(|n| n.parse().expect("--scale takes a number of records"));
-    let only = args
-        .iter()
-        .position(|a| a == "--only")
-        .and_then(|i| args.get(i + 1))
-        .map(|names| names.split(',').map(str::to_owned).collect())
-        .unwrap_or_default();
-    let sweep = args
-        .iter()
-        .position(|a| a == "--sweep")
-        .and_then(|i| args.get(i + 1))
-        .map(|n| n.parse().expect("--sweep takes a number of records"));
+    let number = |flag: &str| {
+        flag_value(&args, flag).map(|n| {
+            n.parse::<u64>()
+                .unwrap_or_else(|_| panic!("{flag} takes a number"))
+        })
+    };
     let quick = args.iter().any(|a| a == "--quick");
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .map(|n| n.parse().expect("--rounds takes a number"))
-        .unwrap_or(if quick { 1 } else { 3 })
-        .max(1);
     Options {
         quick,
-        scale,
-        only,
-        sweep,
-        rounds,
+        scale: number("--scale"),
+        only: flag_value(&args, "--only")
+            .map(|names| names.split(',').map(str::to_owned).collect())
+            .unwrap_or_default(),
+        sweep: number("--sweep"),
+        rounds: number("--rounds").map_or(if quick { 1 } else { 3 }, |n| n.max(1) as usize),
     }
 }
 
@@ -567,8 +567,8 @@ async fn main() {
                 variant.name(),
                 concurrency,
                 figures.rps,
-                ms(figures.p50),
-                ms(figures.p99),
+                ms(figures.p50()),
+                ms(figures.p99()),
                 ratio,
                 peak
             );
@@ -579,7 +579,7 @@ async fn main() {
     } else if let Some(records) = options.sweep {
         println!("\nloading {records} expired records …");
         load(&admin, &schema, records, "now() - interval '1 hour'").await;
-        purge_under_load(&admin, &schema, &pool, servers).await;
+        purge_under_load(&pool, servers).await;
     }
     admin
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
@@ -634,7 +634,11 @@ async fn scale_run(
         ))
         .await
         .unwrap();
-    purge_under_load(admin, schema, pool, servers).await;
+    admin
+        .batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records"))
+        .await
+        .unwrap();
+    purge_under_load(pool, servers).await;
 }
 
 /// Requests/s and what each request wrote to the WAL (the server's WAL position before
@@ -649,20 +653,16 @@ async fn measured_with_wal(
     variant: Variant,
     servers: Servers,
 ) -> WalFigures {
-    let lsn = async || -> String {
-        admin
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-            .await
-            .unwrap()
-            .get(0)
-    };
-    let before = lsn().await;
+    let before: String = admin
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
     let figures = run(variant, servers, 16, 3000).await;
-    let after = lsn().await;
     let written: f64 = admin
         .query_one(
-            "SELECT pg_wal_lsn_diff($1::text::pg_lsn, $2::text::pg_lsn)::float8",
-            &[&after, &before],
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)::float8",
+            &[&before],
         )
         .await
         .unwrap()
@@ -702,19 +702,10 @@ async fn load(admin: &tokio_postgres::Client, schema: &str, records: u64, expire
         .unwrap();
 }
 
-/// Runs the sweeper, with its defaults, over every expired record while serving `new` at
-/// concurrency 16, and compares the p99 of all requests served during the purge with a
+/// Runs the sweeper, with its defaults, over every expired record (of a freshly vacuumed
+/// table) while serving `new` at concurrency 16, and compares the p99 of all requests served during the purge with a
 /// quiet run just before it.
-async fn purge_under_load(
-    admin: &tokio_postgres::Client,
-    schema: &str,
-    pool: &Pool,
-    servers: Servers,
-) {
-    admin
-        .batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records"))
-        .await
-        .unwrap();
+async fn purge_under_load(pool: &Pool, servers: Servers) {
     let quiet = run(Variant::New, servers, 16, 3000).await;
     let sweeper = Sweeper::new(pool.clone());
     let purge = tokio::spawn(async move {
@@ -723,16 +714,15 @@ async fn purge_under_load(
         (report.purged_records, started.elapsed())
     });
     let mut during = Vec::new();
-    let mut served = 0;
     let mut serving = Duration::ZERO;
     while !purge.is_finished() {
         let figures = run(Variant::New, servers, 16, 1000).await;
-        served += figures.latencies.len();
         serving += Duration::from_secs_f64(figures.latencies.len() as f64 / figures.rps);
         during.extend(figures.latencies);
     }
     let (purged, took) = purge.await.unwrap();
     during.sort_unstable();
+    let served = during.len();
     let p99 = quantile(&during, 0.99);
     println!(
         "\nsweeper (defaults) purged {purged} records in {:.1} s ({:.0} rows/s) while serving \
@@ -741,8 +731,8 @@ async fn purge_under_load(
         took.as_secs_f64(),
         purged as f64 / took.as_secs_f64(),
         ms(p99),
-        ms(quiet.p99),
-        p99.as_secs_f64() / quiet.p99.as_secs_f64(),
+        ms(quiet.p99()),
+        p99.as_secs_f64() / quiet.p99().as_secs_f64(),
         served as f64 / serving.as_secs_f64(),
         quiet.rps
     );

@@ -238,9 +238,9 @@ impl RequestState {
         })?;
         telemetry::claim_time("lease", started);
         match claim {
-            LeaseClaim::Acquired { token } => {
-                tracing::debug!(record = %self.id, token, "lease acquired");
-                if token > 1 {
+            LeaseClaim::Acquired { token, took_over } => {
+                tracing::debug!(record = %self.id, token, took_over, "lease acquired");
+                if took_over {
                     telemetry::lease_takeover();
                 }
                 *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);

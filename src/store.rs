@@ -262,19 +262,9 @@ pub async fn migrate(pool: &Pool) -> Result<(), Error> {
     Ok(())
 }
 
-/// The default claim, one statement: the record for the key, if any, and — unless it is a
-/// live completed record, which never changes and is replayed without a lock — the key's
-/// transaction-scoped advisory lock, tried without waiting. `CASE` evaluates the lock only
-/// in its `ELSE` branch. Columns as in [`LOOKUP`], then `locked`, `found`, `body_key_id`.
+/// The default claim: see [`claim`] and migrations 0004 and 0005.
 const CLAIM: Sql = Sql {
-    text: "SELECT r.status, r.headers, r.body, r.fingerprint, r.expires_at <= now(), r.state, \
-                  r.retryable, ceil(extract(epoch FROM r.locked_until - now()))::int4, \
-                  extract(epoch FROM r.expires_at - now())::float8, \
-                  CASE WHEN r.expires_at > now() \
-                        AND (r.state = 'SUCCESS' OR (r.state = 'FAILED' AND NOT r.retryable)) \
-                       THEN false ELSE pg_try_advisory_xact_lock($2) END AS locked, \
-                  r.id IS NOT NULL AS found, r.body_key_id \
-           FROM (VALUES (1)) AS one (x) LEFT JOIN idempotency_records r ON r.id = $1",
+    text: "SELECT * FROM axum_idempotency_claim_v2($1, $2)",
     types: &[Type::UUID, Type::INT8],
 };
 const WAIT_LOCK: Sql = Sql {
@@ -401,12 +391,12 @@ pub(crate) enum Claim {
 
 /// Opens the transaction and claims the key — one round trip once prepared.
 ///
-/// By default, `BEGIN` and [`CLAIM`] are pipelined: a live completed record is returned
-/// without taking the lock (it never changes); otherwise the key's transaction-scoped
-/// advisory lock is tried. A holder that commits between the statement's snapshot and the
-/// lock is caught by the primary key at [`insert_and_commit`] (and its answer replayed).
-/// With `wait`, the lock is awaited (bounded by a transaction-local `lock_timeout`, reset
-/// before the handler runs) and the lookup runs as a statement of its own after it.
+/// By default, `BEGIN` and one call of `axum_idempotency_claim_v2` (migrations 0004, 0005) are
+/// pipelined: a completed record is returned without taking the lock (it never changes);
+/// otherwise the key's transaction-scoped advisory lock is tried and the record read again
+/// in a fresh READ COMMITTED snapshot. With `wait`, the lock is awaited (bounded by a
+/// transaction-local `lock_timeout`, reset before the handler runs) and the lookup runs as
+/// a statement of its own after it.
 pub(crate) async fn claim(
     db: Db<'_>,
     id: RecordId,
@@ -424,20 +414,11 @@ pub(crate) async fn claim(
         let row = row?;
         let locked: bool = row.try_get(9)?;
         let found: bool = row.try_get(10)?;
-        if !found {
-            return Ok(if locked {
-                Claim::Run { replaces: false }
-            } else {
-                Claim::InFlight
-            });
-        }
-        let existing = existing(&row)?;
-        // Without the lock only a live completed record is an answer; anything else
-        // (a lease, an expired or replaceable record) belongs to whoever holds the key.
-        if !locked && (existing.expired || !matches!(existing.kind, ExistingKind::Completed(_))) {
-            return Ok(Claim::InFlight);
-        }
-        return classify(existing, fingerprint, locked);
+        return match (locked, found) {
+            (false, false) => Ok(Claim::InFlight),
+            (true, false) => Ok(Claim::Run { replaces: false }),
+            (holds_lock, true) => classify(existing(&row)?, fingerprint, holds_lock),
+        };
     };
     let lookup = db.prepare(&LOOKUP).await?;
     let set_timeout = db.prepare(&SET_LOCK_TIMEOUT).await?;
@@ -496,7 +477,7 @@ pub(crate) async fn lookup(
 }
 
 /// Lease mode: take the key by committing a PROCESSING record, or take over one whose
-/// holder's lease ran out (or that failed retryably), with the next fencing token.
+/// holder's lease ran out (or that failed retryably), with a higher fencing token.
 const LEASE_ACQUIRE: Sql = Sql {
     text: "INSERT INTO idempotency_records AS r \
     (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
@@ -515,7 +496,7 @@ const LEASE_ACQUIRE: Sql = Sql {
        OR (r.fingerprint = EXCLUDED.fingerprint \
            AND ((r.state = 'PROCESSING' AND r.locked_until <= now()) \
                 OR (r.state = 'FAILED' AND r.retryable))) \
-    RETURNING fencing_token",
+    RETURNING fencing_token, xmax <> '0'::xid",
     types: &[
         Type::UUID,
         Type::TEXT,
@@ -548,8 +529,9 @@ const LEASE_COMPLETE: Sql = Sql {
 /// What a lease claim found.
 #[derive(Debug)]
 pub(crate) enum LeaseClaim {
-    /// The lease is ours, under this fencing token.
-    Acquired { token: i64 },
+    /// The lease is ours, under this fencing token; `took_over` says an earlier record for
+    /// the key (an expired lease, a retryable failure, an expired record) was replaced.
+    Acquired { token: i64, took_over: bool },
     /// A record this request may not take over.
     Existing(Existing),
     /// The record changed between the two statements; try again shortly.
@@ -584,6 +566,9 @@ pub(crate) async fn lease_acquire(
     if let Some(row) = acquired? {
         return Ok(LeaseClaim::Acquired {
             token: row.try_get(0)?,
+            // An upsert that updated leaves its transaction in the row's `xmax`; a fresh
+            // insert leaves 0.
+            took_over: row.try_get(1)?,
         });
     }
     match found? {

@@ -775,10 +775,10 @@ async fn cached_replays_need_no_database_and_keep_every_check() {
     assert_eq!(knobs.calls(), 3);
 }
 
-/// The claim reads the record and tries the key's lock in one statement, so a holder that
-/// commits between that statement's snapshot and its lock is not seen. The record's
-/// primary key catches it: the late request's writes roll back and it answers with the
-/// winner's response.
+/// The record's primary key is the last line of defence: should a record for the key
+/// commit while a request holds the key's lock and runs its handler (a record written by
+/// an instance that does not take the lock, or a race the claim did not see), the late
+/// request's writes roll back and it answers with the winner's response.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key() {
     // The winner's record: the same request, answered in another schema.

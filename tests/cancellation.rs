@@ -223,7 +223,7 @@ async fn dropped_during_the_claim_round_trip() {
     )));
     // BEGIN and the claim went out together; the claim's lookup waits for the table.
     eventually("the claim to block", async || {
-        waiting_on_lock(&db, "SELECT r.status, r.headers").await
+        waiting_on_lock(&db, "SELECT * FROM axum_idempotency_claim").await
     })
     .await;
     task.abort();

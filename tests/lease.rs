@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox};
+use common::recorder::{Capture, Recorder};
 use common::*;
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Semaphore};
@@ -435,4 +436,54 @@ async fn derived_keys_are_stable_per_operation_and_distinct_per_label() {
     assert_eq!(keys.len(), 2);
     assert_eq!(keys[0], keys[1]);
     assert_ne!(keys[0], *coupon1);
+}
+
+/// Takeovers are counted by what the claim did, not by the token's value: tokens come
+/// from a sequence, so a first lease's token may well be above 1.
+#[test]
+fn only_a_takeover_counts_as_one() {
+    let capture = Arc::new(Capture::default());
+    let recorder = Recorder(Arc::clone(&capture));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let takeovers = || {
+        capture
+            .values()
+            .get("idempotency_lease_takeovers_total{}")
+            .copied()
+            .unwrap_or(0.0)
+    };
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let db = TestDb::new(2).await;
+            let seen = Seen::new(None);
+            let app = app(&db, &seen, |l| l);
+            let body = json!({"fail_first": 503});
+            let failed = send(&app, post_json("/charges", Some("pay-10"), &body)).await;
+            assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(takeovers(), 0.0, "a first lease is no takeover");
+            let retry = send(&app, post_json("/charges", Some("pay-10"), &body)).await;
+            assert_eq!(retry.status, StatusCode::CREATED);
+            assert_eq!(takeovers(), 1.0, "the retry took the failed lease over");
+
+            // A first lease whose token is well above 1.
+            db.admin
+                .batch_execute(&format!(
+                    "SELECT setval('{}.idempotency_fencing_tokens', 41)",
+                    db.schema
+                ))
+                .await
+                .unwrap();
+            let fresh = send(&app, post_json("/charges", Some("pay-11"), &json!({}))).await;
+            assert_eq!(fresh.status, StatusCode::CREATED);
+            assert_eq!(fresh.json()["token"], 42);
+            assert_eq!(
+                takeovers(),
+                1.0,
+                "a first lease is no takeover, whatever its token"
+            );
+        })
+    });
 }

@@ -4,13 +4,13 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum_idempotency::{
     Admin, Error, IdempotencyLayer, Inbox, InboxError, KeyError, Outcome, Sweeper,
 };
+use common::recorder::{Capture, Recorder};
 use common::*;
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -846,100 +846,6 @@ async fn admin_purge_now_uses_the_default_retention() {
     assert_eq!(in_scope(&db, "failed-1d").await, 4);
 }
 
-/// Records every counter and gauge by `name{label=value,...}`.
-#[derive(Default)]
-struct Capture(Mutex<HashMap<String, f64>>);
-
-struct Handle {
-    key: String,
-    capture: Arc<Capture>,
-}
-
-impl Handle {
-    fn update(&self, f: impl FnOnce(&mut f64)) {
-        f(self
-            .capture
-            .0
-            .lock()
-            .unwrap()
-            .entry(self.key.clone())
-            .or_default());
-    }
-}
-
-impl metrics::CounterFn for Handle {
-    fn increment(&self, value: u64) {
-        self.update(|v| *v += value as f64);
-    }
-    fn absolute(&self, value: u64) {
-        self.update(|v| *v = value as f64);
-    }
-}
-
-impl metrics::GaugeFn for Handle {
-    fn increment(&self, value: f64) {
-        self.update(|v| *v += value);
-    }
-    fn decrement(&self, value: f64) {
-        self.update(|v| *v -= value);
-    }
-    fn set(&self, value: f64) {
-        self.update(|v| *v = value);
-    }
-}
-
-struct Recorder(Arc<Capture>);
-
-impl Recorder {
-    fn handle(&self, key: &metrics::Key) -> Arc<Handle> {
-        let labels: Vec<_> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        Arc::new(Handle {
-            key: format!("{}{{{}}}", key.name(), labels.join(",")),
-            capture: Arc::clone(&self.0),
-        })
-    }
-}
-
-impl metrics::Recorder for Recorder {
-    fn describe_counter(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_gauge(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn describe_histogram(
-        &self,
-        _: metrics::KeyName,
-        _: Option<metrics::Unit>,
-        _: metrics::SharedString,
-    ) {
-    }
-    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
-        metrics::Counter::from_arc(self.handle(key))
-    }
-    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-        metrics::Gauge::from_arc(self.handle(key))
-    }
-    fn register_histogram(
-        &self,
-        _: &metrics::Key,
-        _: &metrics::Metadata<'_>,
-    ) -> metrics::Histogram {
-        metrics::Histogram::noop()
-    }
-}
-
 /// A local recorder sees only this thread, so the test drives its own single-threaded
 /// runtime instead of `#[tokio::test]`'s.
 #[test]
@@ -990,7 +896,7 @@ fn a_sweep_emits_the_documented_metrics() {
         })
     });
     assert_eq!(report.marked_failed, 1, "{report:?}");
-    let values = capture.0.lock().unwrap().clone();
+    let values = capture.values();
     let value = |key: &str| {
         *values
             .get(key)

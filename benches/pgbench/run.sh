@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The database alone: the bare business transaction against the atomic-mode sequence
-# (the claim statement pipelined with BEGIN, business insert, record insert pipelined with
+# (the claim function pipelined with BEGIN, business insert, record insert pipelined with
 # COMMIT; prepared statements, as the crate uses them), and
 # against the business transaction plus only the record insert; and a replay (`BEGIN` and
 # the claim of a completed record, then `ROLLBACK`) against the same lookup as one
