@@ -8,64 +8,11 @@
 
 use std::time::SystemTime;
 
-use deadpool_postgres::Pool;
-use tokio_postgres::Row;
-use tokio_postgres::types::Type;
-
-use crate::key::{RecordId, hex};
-use crate::store::{Db, Sql};
+use crate::engine::key::RecordId;
+use crate::postgres::PgStore;
+use crate::store::{IntoStore, Store};
 use crate::sweeper::{SweepReport, Sweeper};
 use crate::{Error, IdempotencyKey};
-
-/// A `SELECT` of every [`RecordInfo`] column, followed by `$clause`.
-macro_rules! select_record {
-    ($clause:literal) => {
-        concat!(
-            "SELECT uuid_send(id), scope, idempotency_key, state, retryable, status, \
-             fingerprint, fencing_token, created_at, updated_at, expires_at, locked_until, \
-             (octet_length(headers) + octet_length(body))::bigint \
-             FROM idempotency_records ",
-            $clause
-        )
-    };
-}
-
-/// A `SELECT` of every [`MessageInfo`] column, followed by `$clause`.
-macro_rules! select_message {
-    ($clause:literal) => {
-        concat!(
-            "SELECT consumer_group, message_id, status, attempts, last_error, payload_digest, \
-             created_at, updated_at, expires_at FROM inbox_messages ",
-            $clause
-        )
-    };
-}
-
-const LOOKUP: Sql = Sql {
-    text: select_record!("WHERE id = $1"),
-    types: &[Type::UUID],
-};
-const STALE: Sql = Sql {
-    text: select_record!(
-        "WHERE state = 'PROCESSING' AND locked_until < now() ORDER BY locked_until, id LIMIT $1"
-    ),
-    types: &[Type::INT8],
-};
-const MESSAGE: Sql = Sql {
-    text: select_message!("WHERE consumer_group = $1 AND message_id = $2"),
-    types: &[Type::TEXT, Type::TEXT],
-};
-const FAILED_MESSAGES: Sql = Sql {
-    text: select_message!(
-        "WHERE consumer_group = $1 AND status = 'FAILED' \
-     ORDER BY updated_at DESC, message_id LIMIT $2"
-    ),
-    types: &[Type::TEXT, Type::INT8],
-};
-
-/// Every statement above, for the check of their declared parameter types.
-#[cfg(test)]
-pub(crate) const STATEMENTS: &[&Sql] = &[&LOOKUP, &STALE, &MESSAGE, &FAILED_MESSAGES];
 
 /// Read-only looks into the crate's tables, plus an on-demand purge.
 ///
@@ -94,9 +41,8 @@ pub(crate) const STATEMENTS: &[&Sql] = &[&LOOKUP, &STALE, &MESSAGE, &FAILED_MESS
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug)]
-pub struct Admin {
-    pool: Pool,
-    prepared_statements: bool,
+pub struct Admin<D: Store = PgStore> {
+    store: D,
 }
 
 /// A stored idempotency record, as [`Admin`] shows it. The response itself is not
@@ -158,12 +104,12 @@ pub struct MessageInfo {
     pub expires_at: SystemTime,
 }
 
-impl Admin {
-    /// An admin view over the crate's tables in `pool`'s database.
-    pub fn new(pool: Pool) -> Self {
+impl<D: Store> Admin<D> {
+    /// An admin view over the crate's tables in `pool`'s database (any pool the crate
+    /// supports, see [`IntoStore`]).
+    pub fn new<P: IntoStore<Store = D>>(pool: P) -> Self {
         Self {
-            pool,
-            prepared_statements: true,
+            store: pool.into_store(),
         }
     }
 
@@ -177,12 +123,8 @@ impl Admin {
     /// statement prepared earlier does not exist.
     #[must_use]
     pub fn prepared_statements(mut self, enabled: bool) -> Self {
-        self.prepared_statements = enabled;
+        self.store.set_prepared_statements(enabled);
         self
-    }
-
-    fn db<'a>(&self, client: &'a deadpool_postgres::ClientWrapper) -> Db<'a> {
-        Db::new(client, self.prepared_statements)
     }
 
     /// The record for `key` in `scope`, expired or not. `key` is taken as the client sent it
@@ -200,11 +142,7 @@ impl Admin {
     pub async fn lookup(&self, scope: &str, key: &str) -> Result<Option<RecordInfo>, Error> {
         let key = IdempotencyKey::parse(key.as_bytes()).map_err(Error::InvalidKey)?;
         let id = RecordId::from_parts(scope, key.as_str());
-        let client = self.pool.get().await?;
-        let db = self.db(&client);
-        let statement = db.prepare(&LOOKUP).await?;
-        let row = db.query_opt(&statement, &[&id]).await?;
-        Ok(row.map(|row| record_info(&row)).transpose()?)
+        self.store.record_info(id).await
     }
 
     /// PROCESSING records whose lease has run out, the longest-expired lease first, at most
@@ -218,14 +156,7 @@ impl Admin {
     /// # Ok(()) }
     /// ```
     pub async fn stale(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
-        let client = self.pool.get().await?;
-        let db = self.db(&client);
-        let statement = db.prepare(&STALE).await?;
-        let rows = db.query(&statement, &[&limit.max(0)]).await?;
-        Ok(rows
-            .iter()
-            .map(record_info)
-            .collect::<Result<_, tokio_postgres::Error>>()?)
+        self.store.stale_records(limit.max(0)).await
     }
 
     /// The inbox record of one message, expired or not.
@@ -242,13 +173,7 @@ impl Admin {
         consumer_group: &str,
         message_id: &str,
     ) -> Result<Option<MessageInfo>, Error> {
-        let client = self.pool.get().await?;
-        let db = self.db(&client);
-        let statement = db.prepare(&MESSAGE).await?;
-        let row = db
-            .query_opt(&statement, &[&consumer_group, &message_id])
-            .await?;
-        Ok(row.map(|row| message_info(&row)).transpose()?)
+        self.store.message_info(consumer_group, message_id).await
     }
 
     /// A consumer group's FAILED messages, the most recently failed first, at most `limit`.
@@ -265,16 +190,9 @@ impl Admin {
         consumer_group: &str,
         limit: i64,
     ) -> Result<Vec<MessageInfo>, Error> {
-        let client = self.pool.get().await?;
-        let db = self.db(&client);
-        let statement = db.prepare(&FAILED_MESSAGES).await?;
-        let rows = db
-            .query(&statement, &[&consumer_group, &limit.max(0)])
-            .await?;
-        Ok(rows
-            .iter()
-            .map(message_info)
-            .collect::<Result<_, tokio_postgres::Error>>()?)
+        self.store
+            .failed_messages(consumer_group, limit.max(0))
+            .await
     }
 
     /// Purges expired records now, with the [`Sweeper`]'s default retention (SUCCESS at
@@ -287,47 +205,6 @@ impl Admin {
     /// # Ok(()) }
     /// ```
     pub async fn purge_now(&self) -> Result<SweepReport, Error> {
-        Sweeper::new(self.pool.clone())
-            .prepared_statements(self.prepared_statements)
-            .run_once()
-            .await
+        Sweeper::new(self.store.clone()).run_once().await
     }
-}
-
-fn record_info(row: &Row) -> Result<RecordInfo, tokio_postgres::Error> {
-    let id: &[u8] = row.try_get(0)?;
-    let status: i16 = row.try_get(5)?;
-    let fingerprint: &[u8] = row.try_get(6)?;
-    let response_bytes: i64 = row.try_get(12)?;
-    Ok(RecordInfo {
-        id: hex(id),
-        scope: row.try_get(1)?,
-        key: row.try_get(2)?,
-        state: row.try_get(3)?,
-        retryable: row.try_get(4)?,
-        status: u16::try_from(status).unwrap_or(0),
-        fingerprint: hex(fingerprint),
-        fencing_token: row.try_get(7)?,
-        created_at: row.try_get(8)?,
-        updated_at: row.try_get(9)?,
-        expires_at: row.try_get(10)?,
-        locked_until: row.try_get(11)?,
-        response_bytes: usize::try_from(response_bytes).unwrap_or(usize::MAX),
-    })
-}
-
-fn message_info(row: &Row) -> Result<MessageInfo, tokio_postgres::Error> {
-    let attempts: i32 = row.try_get(3)?;
-    let digest: Option<&[u8]> = row.try_get(5)?;
-    Ok(MessageInfo {
-        consumer_group: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        status: row.try_get(2)?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
-        last_error: row.try_get(4)?,
-        payload_digest: digest.map(hex),
-        created_at: row.try_get(6)?,
-        updated_at: row.try_get(7)?,
-        expires_at: row.try_get(8)?,
-    })
 }

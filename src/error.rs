@@ -5,13 +5,14 @@ use std::fmt;
 /// An error from the database side of the crate: checking out a connection, running a
 /// statement on the shared transaction, or migrating the schema.
 ///
-/// The source is always kept, so `std::error::Error::source` walks to the
-/// `tokio_postgres::Error` or `deadpool_postgres::PoolError` underneath.
+/// The source is always kept, so `std::error::Error::source` walks to the driver's error
+/// underneath (`tokio_postgres::Error`, `sqlx::Error`, the pool's own error).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// No connection could be checked out of the pool.
-    Pool(deadpool_postgres::PoolError),
+    /// No connection could be checked out of the pool (the pool's own error: a
+    /// `deadpool_postgres::PoolError`, a `bb8::RunError`, ...).
+    Pool(Box<dyn std::error::Error + Send + Sync>),
     /// PostgreSQL (or the connection to it) reported an error.
     Postgres(tokio_postgres::Error),
     /// The transaction this handle belonged to has already been committed or rolled back —
@@ -37,13 +38,19 @@ pub enum Error {
 }
 
 impl Error {
-    /// The SQLSTATE code, when PostgreSQL reported one.
-    pub fn sql_state(&self) -> Option<&tokio_postgres::error::SqlState> {
-        match self {
-            Self::Postgres(e) => e.code(),
-            Self::Pool(deadpool_postgres::PoolError::Backend(e)) => e.code(),
-            _ => None,
+    /// The SQLSTATE code, when PostgreSQL reported one — also when it came through the
+    /// pool (a connection refused by the server).
+    pub fn sql_state(&self) -> Option<tokio_postgres::error::SqlState> {
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(error) = source {
+            if let Some(e) = error.downcast_ref::<tokio_postgres::Error>() {
+                if let Some(code) = e.code() {
+                    return Some(code.clone());
+                }
+            }
+            source = error.source();
         }
+        None
     }
 }
 
@@ -74,7 +81,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Pool(e) => Some(e),
+            Self::Pool(e) => Some(&**e),
             Self::Postgres(e) => Some(e),
             Self::InvalidKey(e) => Some(e),
             Self::Encryption(e) => Some(e),
@@ -83,14 +90,15 @@ impl std::error::Error for Error {
     }
 }
 
-impl From<deadpool_postgres::PoolError> for Error {
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        Self::Pool(e)
-    }
-}
-
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
         Self::Postgres(e)
+    }
+}
+
+#[cfg(feature = "deadpool")]
+impl From<deadpool_postgres::PoolError> for Error {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Self::Pool(Box::new(e))
     }
 }

@@ -13,18 +13,21 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::Pool;
 use futures_util::FutureExt;
 use sha2::{Digest, Sha256};
 
-use crate::key::{KeyError, MAX_KEY_LEN, RecordId};
-use crate::store::{self, Db, InboxWrite};
-use crate::telemetry;
-use crate::transaction::{IdempotentTx, SharedTx, TxConn};
+use crate::engine::key::{KeyError, MAX_KEY_LEN, RecordId};
+use crate::engine::record::{InboxClaim, InboxWrite};
+use crate::engine::shared_tx::SharedTx;
+use crate::engine::telemetry;
+use crate::postgres::PgStore;
+use crate::store::{IntoStore, Store};
 
 /// An idempotent consumer for one consumer group.
 ///
-/// Cloning is cheap (one `Arc`); share one `Inbox` between all workers of a group.
+/// Cloning is cheap (one `Arc`); share one `Inbox` between all workers of a group. The work
+/// gets the driver's transaction handle: [`IdempotentTx`](crate::IdempotentTx) on
+/// tokio-postgres (deadpool, bb8), the sqlx driver's own on an `sqlx::PgPool`.
 ///
 /// ```no_run
 /// use axum_idempotency::{Inbox, InboxError, Outcome};
@@ -53,22 +56,36 @@ use crate::transaction::{IdempotentTx, SharedTx, TxConn};
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug)]
-pub struct Inbox {
-    config: Arc<InboxConfig>,
+pub struct Inbox<D: Store = PgStore> {
+    config: Arc<InboxConfig<D>>,
+}
+
+impl<D: Store> Clone for Inbox<D> {
+    fn clone(&self) -> Self {
+        Self {
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<D: Store + fmt::Debug> fmt::Debug for Inbox<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox")
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug)]
-struct InboxConfig {
-    pool: Pool,
+struct InboxConfig<D> {
+    store: D,
     group: String,
     max_attempts: u32,
     retention: Duration,
     lock_timeout: Duration,
     store_payload: bool,
-    prepared_statements: bool,
     /// Encryption at rest of stored payloads (always `None` without feature `encryption`).
-    payload_keys: Option<crate::crypto::BodyKeys>,
+    payload_keys: Option<crate::engine::crypto::BodyKeys>,
 }
 
 /// What [`Inbox::process`] did with a message: the article's states as seen by a consumer.
@@ -153,25 +170,24 @@ impl<E: std::error::Error + 'static> std::error::Error for InboxError<E> {
     }
 }
 
-impl Inbox {
-    /// An inbox for `consumer_group`, storing records through `pool`. Run
-    /// [`migrate`](crate::migrate) once before consuming.
-    pub fn new(pool: Pool, consumer_group: impl Into<String>) -> Self {
+impl<D: Store> Inbox<D> {
+    /// An inbox for `consumer_group`, storing records through `pool` (any pool the crate
+    /// supports, see [`IntoStore`]). Run [`migrate`](crate::migrate) once before consuming.
+    pub fn new<P: IntoStore<Store = D>>(pool: P, consumer_group: impl Into<String>) -> Self {
         Self {
             config: Arc::new(InboxConfig {
-                pool,
+                store: pool.into_store(),
                 group: consumer_group.into(),
                 max_attempts: 5,
                 retention: Duration::from_secs(7 * 24 * 3600),
                 lock_timeout: Duration::from_secs(10),
                 store_payload: false,
-                prepared_statements: true,
                 payload_keys: None,
             }),
         }
     }
 
-    fn with(mut self, f: impl FnOnce(&mut InboxConfig)) -> Self {
+    fn with(mut self, f: impl FnOnce(&mut InboxConfig<D>)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
     }
@@ -238,7 +254,7 @@ impl Inbox {
     /// [`Admin`](crate::Admin::prepared_statements).
     #[must_use]
     pub fn prepared_statements(self, enabled: bool) -> Self {
-        self.with(|c| c.prepared_statements = enabled)
+        self.with(|c| c.store.set_prepared_statements(enabled))
     }
 
     /// The consumer group this inbox records for.
@@ -248,7 +264,7 @@ impl Inbox {
 
     /// Runs `work` once per message id in this consumer group.
     ///
-    /// `work` gets the transaction as an [`IdempotentTx`]; what it writes commits together
+    /// `work` gets the transaction as the driver's handle; what it writes commits together
     /// with the consume record, or not at all.
     pub async fn process<F, Fut, T, E>(
         &self,
@@ -256,7 +272,7 @@ impl Inbox {
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
-        F: FnOnce(IdempotentTx) -> Fut,
+        F: FnOnce(D::Handle) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
@@ -273,7 +289,7 @@ impl Inbox {
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
-        F: FnOnce(IdempotentTx) -> Fut,
+        F: FnOnce(D::Handle) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
@@ -287,7 +303,7 @@ impl Inbox {
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
-        F: FnOnce(IdempotentTx) -> Fut,
+        F: FnOnce(D::Handle) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
@@ -298,7 +314,7 @@ impl Inbox {
         let stored = payload
             .filter(|_| config.store_payload)
             .map(|payload| {
-                crate::crypto::seal_payload(
+                crate::engine::crypto::seal_payload(
                     config.payload_keys.as_ref(),
                     &config.group,
                     message_id,
@@ -317,31 +333,24 @@ impl Inbox {
         };
 
         let started = Instant::now();
-        let object = config
-            .pool
-            .get()
+        let claim = config
+            .store
+            .inbox_claim(id, &config.group, message_id, config.lock_timeout)
             .await
-            .map_err(|e| InboxError::Store(e.into()))?;
-        let conn = TxConn::new(object);
-        let claim = store::inbox_claim(
-            Db::new(conn.client(), config.prepared_statements),
-            id,
-            &config.group,
-            message_id,
-            config.lock_timeout,
-        )
-        .await
-        .map_err(|e| InboxError::Store(e.into()))?;
+            .map_err(InboxError::Store)?;
         telemetry::claim_time("inbox", started);
-        let Some(found) = claim else {
-            telemetry::inbox_message("busy");
-            return Err(InboxError::Busy);
+        let (conn, found) = match claim {
+            InboxClaim::Busy => {
+                telemetry::inbox_message("busy");
+                return Err(InboxError::Busy);
+            }
+            InboxClaim::Locked(conn, found) => (conn, found),
         };
         let record = found.filter(|record| record.live);
         if let Some(record) = &record {
             let attempts = u32::try_from(record.attempts).unwrap_or(0);
             if record.succeeded {
-                conn.rollback().await;
+                D::rollback(conn).await;
                 if digest.is_some()
                     && record.payload_digest.is_some()
                     && record.payload_digest != digest
@@ -354,7 +363,7 @@ impl Inbox {
                 return Ok(Outcome::Duplicate { attempts });
             }
             if attempts >= config.max_attempts {
-                conn.rollback().await;
+                D::rollback(conn).await;
                 tracing::warn!(group = %config.group, message = %id, attempts, "gave up");
                 telemetry::inbox_message("gave_up");
                 return Ok(Outcome::GaveUp {
@@ -367,24 +376,28 @@ impl Inbox {
 
         let shared = Arc::new(SharedTx::new(id));
         *shared.slot().await = Some(conn);
-        let result = AssertUnwindSafe(work(shared.handle())).catch_unwind().await;
+        let result = AssertUnwindSafe(work(D::handle(&shared)))
+            .catch_unwind()
+            .await;
         let leaked = shared.live_handles() > 0;
-        let Some(mut conn) = shared.take().await else {
-            return Err(InboxError::TransactionLeaked);
+        // A leaked handle may hold the transaction: it then rolls back when the handle
+        // lets go of it.
+        let taken = if leaked {
+            shared.try_take()
+        } else {
+            shared.take().await
         };
         let failure = match result {
             Ok(Ok(value)) if !leaked => {
+                let Some(mut conn) = taken else {
+                    return Err(InboxError::TransactionLeaked);
+                };
                 let started = Instant::now();
-                let committed = store::inbox_commit(
-                    Db::new(conn.client(), config.prepared_statements),
-                    &write,
-                    prior_attempts + 1,
-                )
-                .await;
+                let committed = D::inbox_commit(&mut conn, &write, prior_attempts + 1).await;
+                drop(conn);
                 telemetry::commit_time("inbox", started);
                 return match committed {
                     Ok(()) => {
-                        conn.mark_ended();
                         tracing::debug!(group = %config.group, message = %id, "processed");
                         telemetry::inbox_message("processed");
                         if prior_attempts > 0 {
@@ -396,7 +409,7 @@ impl Inbox {
                         tracing::error!(group = %config.group, message = %id, error = %e,
                             "inbox commit failed");
                         telemetry::inbox_message("failed");
-                        Err(InboxError::Store(e.into()))
+                        Err(InboxError::Store(e))
                     }
                 };
             }
@@ -409,7 +422,9 @@ impl Inbox {
             Failure::Error(error) => error.to_string(),
             Failure::Panic(message) => format!("panicked: {message}"),
         };
-        conn.rollback().await;
+        if let Some(conn) = taken {
+            D::rollback(conn).await;
+        }
         let attempts = self.record_failure(&write, &text, prior_attempts).await;
         tracing::warn!(group = %config.group, message = %id, attempts, error = %text,
             "processing failed; rolled back");
@@ -424,21 +439,14 @@ impl Inbox {
     /// Records a failed attempt in a short transaction of its own; best effort, since the
     /// work has already been rolled back.
     async fn record_failure(&self, write: &InboxWrite<'_>, error: &str, prior: i32) -> u32 {
-        let recorded = match self.config.pool.get().await {
-            Ok(client) => {
-                let db = Db::new(&client, self.config.prepared_statements);
-                store::inbox_record_failure(db, write, error).await
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "could not record a failed attempt");
-                return u32::try_from(prior + 1).unwrap_or(0);
-            }
-        };
-        match recorded {
+        match self.config.store.inbox_record_failure(write, error).await {
             Ok(Some(attempts)) => u32::try_from(attempts).unwrap_or(0),
             Ok(None) => u32::try_from(prior + 1).unwrap_or(0),
             Err(e) => {
-                tracing::error!(error = %e, "could not record a failed attempt");
+                tracing::error!(
+                    error = &e as &dyn std::error::Error,
+                    "could not record a failed attempt"
+                );
                 u32::try_from(prior + 1).unwrap_or(0)
             }
         }

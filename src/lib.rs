@@ -1,39 +1,45 @@
 #![doc = include_str!("../README.md")]
+//!
+//! # How it is built
+//!
+//! The folder list is the architecture:
+//!
+//! | module | what it holds |
+//! | --- | --- |
+//! | `http/` | the HTTP adapter: [`IdempotencyLayer`], the [`Idempotency`] service and its [`ResponseFuture`], the per-request state shared with the extractors, [`IdempotentLease`], the [`Rejection`]s. No SQL. |
+//! | `engine/` | driver-neutral: key parsing and record ids, fingerprints, the store policy ([`StoreDecision`]), the claim's outcomes and completion rules, the stored-response codec, encryption at rest, the in-process cache and the Redis front line, metrics. |
+//! | `store/` | the seam: the sealed [`Store`] trait every driver implements, [`IntoStore`] and [`migrate`], the statement texts the drivers share, the migration list. |
+//! | `postgres/` | the tokio-postgres driver: [`PgStore`](postgres::PgStore) over any [`ClientPool`](postgres::ClientPool) (deadpool, bb8, yours), [`IdempotentTx`]. |
+//! | `inbox.rs`, `sweeper.rs`, `admin.rs` | the [`Inbox`], the [`Sweeper`] and [`Admin`], written once against [`Store`]. |
+//!
+//! Every SQL statement lives under `store/` and the driver modules; `migrations/` holds
+//! the SQL files every driver's `migrate` runs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
-mod cache;
-mod config;
-mod crypto;
+mod engine;
 mod error;
-mod fingerprint;
-#[cfg(feature = "redis")]
-mod front;
+mod http;
 mod inbox;
-mod key;
-mod lease;
-mod middleware;
-mod rejection;
-mod request;
+pub mod postgres;
 mod store;
 mod sweeper;
-mod telemetry;
-mod transaction;
 
 pub use crate::admin::{Admin, MessageInfo, RecordInfo};
-pub use crate::config::StoreDecision;
 #[cfg(feature = "encryption")]
-pub use crate::crypto::BodyKeys;
-pub use crate::crypto::EncryptionError;
+pub use crate::engine::crypto::BodyKeys;
+pub use crate::engine::crypto::EncryptionError;
+pub use crate::engine::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use crate::engine::policy::StoreDecision;
 pub use crate::error::Error;
+pub use crate::http::lease::IdempotentLease;
+pub use crate::http::rejection::{Rejection, RejectionKind};
+pub use crate::http::request::REPLAYED_HEADER;
+pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError, Outcome};
-pub use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use crate::lease::IdempotentLease;
-pub use crate::middleware::{Idempotency, IdempotencyLayer, ResponseFuture};
-pub use crate::rejection::{Rejection, RejectionKind};
-pub use crate::request::REPLAYED_HEADER;
-pub use crate::store::migrate;
+pub use crate::postgres::{IdempotentTx, TxStatement};
+pub use crate::store::{IntoStore, Store, migrate};
 pub use crate::sweeper::{SweepReport, Sweeper, SweeperHandle};
-pub use crate::transaction::{IdempotentTx, TxStatement};
 /// The `redis` crate this one is built with (feature `redis`), so the
 /// [`Client`](redis::Client) given to [`IdempotencyLayer::redis`] is of the same version.
 #[cfg(feature = "redis")]

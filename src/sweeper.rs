@@ -38,16 +38,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
-use tokio_postgres::types::{ToSql, Type};
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
-use crate::key::hex;
-use crate::store::{Db, Sql};
-use crate::telemetry;
+use crate::engine::key::hex;
+use crate::engine::record::{RetentionParams, SweepBatch};
+use crate::engine::telemetry;
+use crate::postgres::PgStore;
+use crate::store::{IntoStore, Store};
 
 /// The shortest pause between two batches. The pause is at least as long as the batch
 /// took, so a long purge spends at most half of its time deleting and leaves room for live
@@ -55,75 +55,6 @@ use crate::telemetry;
 const MIN_BATCH_PAUSE: Duration = Duration::from_millis(5);
 /// Record ids named in the stale-lease warning.
 const STALE_IDS_LOGGED: i64 = 10;
-
-/// Expired records past their state's retention. `$1` success grace, `$2` failure retention
-/// (seconds), `$3` the smaller of the two (lets the `expires_at` index narrow the scan),
-/// `$4` batch size. A PROCESSING record goes only once its lease has lapsed too, and is kept
-/// as long as a failure: it is an attempt that never finished.
-const PURGE_RECORDS: Sql = Sql {
-    text: "DELETE FROM idempotency_records WHERE id IN ( \
-    SELECT id FROM idempotency_records \
-    WHERE expires_at <= now() - make_interval(secs => $3) \
-      AND CASE state \
-          WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
-          ELSE expires_at <= now() - make_interval(secs => $2) \
-               AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= now()) \
-          END \
-    LIMIT $4 FOR UPDATE SKIP LOCKED)",
-    types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
-};
-
-/// Expired inbox records, with the same parameters as [`PURGE_RECORDS`].
-const PURGE_MESSAGES: Sql = Sql {
-    text: "DELETE FROM inbox_messages \
-    WHERE (consumer_group, message_id) IN ( \
-    SELECT consumer_group, message_id FROM inbox_messages \
-    WHERE expires_at <= now() - make_interval(secs => $3) \
-      AND CASE status \
-          WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
-          ELSE expires_at <= now() - make_interval(secs => $2) \
-          END \
-    LIMIT $4 FOR UPDATE SKIP LOCKED)",
-    types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
-};
-
-/// Count of PROCESSING records past their lease, and seconds since the oldest lease ended.
-const STALE_SUMMARY: Sql = Sql {
-    text: "SELECT count(*), \
-    extract(epoch FROM now() - min(locked_until))::float8 \
-    FROM idempotency_records WHERE state = 'PROCESSING' AND locked_until < now()",
-    types: &[],
-};
-
-/// The ids of the stalest records, for the log. `$1` how many.
-const STALE_IDS: Sql = Sql {
-    text: "SELECT uuid_send(id) FROM idempotency_records \
-    WHERE state = 'PROCESSING' AND locked_until < now() \
-    ORDER BY locked_until LIMIT $1",
-    types: &[Type::INT8],
-};
-
-/// Marks records whose lease ended more than `$1` seconds ago FAILED and retryable, `$2` at
-/// a time. A holder that comes back later finds its fenced completion refused.
-const MARK_STALE_FAILED: Sql = Sql {
-    text: "UPDATE idempotency_records \
-    SET state = 'FAILED', retryable = true, locked_until = NULL, updated_at = now() \
-    WHERE state = 'PROCESSING' AND id IN ( \
-    SELECT id FROM idempotency_records \
-    WHERE state = 'PROCESSING' AND locked_until < now() - make_interval(secs => $1) \
-    LIMIT $2 FOR UPDATE SKIP LOCKED)",
-    types: &[Type::FLOAT8, Type::INT8],
-};
-
-/// Every statement above, for the check of their declared parameter types.
-#[cfg(test)]
-pub(crate) const STATEMENTS: &[&Sql] = &[
-    &PURGE_RECORDS,
-    &PURGE_MESSAGES,
-    &STALE_SUMMARY,
-    &STALE_IDS,
-    &MARK_STALE_FAILED,
-];
 
 /// Purges expired idempotency and inbox records and reports stale leases, once or on a
 /// timer.
@@ -173,20 +104,34 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
 /// handle.shutdown().await;
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Debug)]
-pub struct Sweeper {
-    config: Arc<SweeperConfig>,
+pub struct Sweeper<D: Store = PgStore> {
+    config: Arc<SweeperConfig<D>>,
+}
+
+impl<D: Store> Clone for Sweeper<D> {
+    fn clone(&self) -> Self {
+        Self {
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<D: Store + std::fmt::Debug> std::fmt::Debug for Sweeper<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sweeper")
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 #[derive(Clone, Debug)]
-struct SweeperConfig {
-    pool: Pool,
+struct SweeperConfig<D> {
+    store: D,
     interval: Duration,
     batch_size: u32,
     success_grace: Duration,
     failure_retention: Duration,
     mark_stale_failed_after: Option<Duration>,
-    prepared_statements: bool,
 }
 
 /// What one [`Sweeper::run_once`] did.
@@ -205,23 +150,23 @@ pub struct SweepReport {
     pub marked_failed: u64,
 }
 
-impl Sweeper {
-    /// A sweeper over the crate's tables in `pool`'s database, with the defaults above.
-    pub fn new(pool: Pool) -> Self {
+impl<D: Store> Sweeper<D> {
+    /// A sweeper over the crate's tables in `pool`'s database (any pool the crate supports,
+    /// see [`IntoStore`]), with the defaults above.
+    pub fn new<P: IntoStore<Store = D>>(pool: P) -> Self {
         Self {
             config: Arc::new(SweeperConfig {
-                pool,
+                store: pool.into_store(),
                 interval: Duration::from_secs(60),
                 batch_size: 1000,
                 success_grace: Duration::ZERO,
                 failure_retention: Duration::from_secs(7 * 24 * 3600),
                 mark_stale_failed_after: None,
-                prepared_statements: true,
             }),
         }
     }
 
-    fn with(mut self, f: impl FnOnce(&mut SweeperConfig)) -> Self {
+    fn with(mut self, f: impl FnOnce(&mut SweeperConfig<D>)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
     }
@@ -282,7 +227,7 @@ impl Sweeper {
     /// prepared earlier does not exist.
     #[must_use]
     pub fn prepared_statements(self, enabled: bool) -> Self {
-        self.with(|c| c.prepared_statements = enabled)
+        self.with(|c| c.store.set_prepared_statements(enabled))
     }
 
     /// Runs one sweep: purges expired records of both tables batch by batch, reports the
@@ -293,23 +238,25 @@ impl Sweeper {
     /// leaves no batch half done; the next run continues where this one stopped.
     pub async fn run_once(&self) -> Result<SweepReport, Error> {
         let config = &*self.config;
-        let success = config.success_grace.as_secs_f64();
-        let failure = config.failure_retention.as_secs_f64();
-        let earliest = success.min(failure);
         let limit = i64::from(config.batch_size);
-        let purge_params: [&(dyn ToSql + Sync); 4] = [&success, &failure, &earliest, &limit];
+        let retention = RetentionParams {
+            success_grace: config.success_grace,
+            failure_retention: config.failure_retention,
+            limit,
+        };
 
-        let purged_records = self.batches(&PURGE_RECORDS, &purge_params).await?;
+        let purged_records = self.batches(SweepBatch::PurgeRecords(retention)).await?;
         telemetry::purged("idempotency_records", purged_records);
-        let purged_messages = self.batches(&PURGE_MESSAGES, &purge_params).await?;
+        let purged_messages = self.batches(SweepBatch::PurgeMessages(retention)).await?;
         telemetry::purged("inbox_messages", purged_messages);
 
         let (stale_processing, oldest_stale) = self.report_stale().await?;
 
         let marked_failed = match config.mark_stale_failed_after {
             Some(after) if stale_processing > 0 => {
-                let after = after.as_secs_f64();
-                let marked = self.batches(&MARK_STALE_FAILED, &[&after, &limit]).await?;
+                let marked = self
+                    .batches(SweepBatch::MarkStaleFailed { after, limit })
+                    .await?;
                 telemetry::stale_marked_failed(marked);
                 if marked > 0 {
                     tracing::info!(marked, "marked stale PROCESSING records FAILED (retryable)");
@@ -331,22 +278,14 @@ impl Sweeper {
     }
 
     /// Runs a batched statement until a batch affects fewer rows than the batch size.
-    async fn batches(
-        &self,
-        sql: &'static Sql,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, Error> {
+    async fn batches(&self, batch: SweepBatch) -> Result<u64, Error> {
         let batch_size = u64::from(self.config.batch_size);
         let mut total = 0;
         loop {
             // A connection per batch: none is held back from the pool during the pause.
-            let client = self.config.pool.get().await?;
-            let db = Db::new(&client, self.config.prepared_statements);
-            let statement = db.prepare(sql).await?;
             let started = tokio::time::Instant::now();
-            let affected = db.execute(&statement, params).await?;
+            let affected = self.config.store.sweep_batch(batch).await?;
             let took = started.elapsed();
-            drop(client);
             total += affected;
             if affected < batch_size {
                 return Ok(total);
@@ -357,26 +296,18 @@ impl Sweeper {
 
     /// Counts PROCESSING records past their lease, sets the gauges and logs the stalest ids.
     async fn report_stale(&self) -> Result<(u64, Option<Duration>), Error> {
-        let client = self.config.pool.get().await?;
-        let db = Db::new(&client, self.config.prepared_statements);
-        let summary = db.prepare(&STALE_SUMMARY).await?;
-        let row = db.query_one(&summary, &[]).await?;
-        let count: i64 = row.try_get(0)?;
-        let oldest: Option<f64> = row.try_get(1)?;
+        let summary = self.config.store.stale_summary().await?;
+        let (count, oldest) = (summary.count, summary.oldest_seconds);
         let count = u64::try_from(count).unwrap_or(0);
         let oldest = oldest.map(|secs| Duration::try_from_secs_f64(secs).unwrap_or_default());
         telemetry::stale_processing(count, oldest);
         if count > 0 {
-            let ids = db.prepare(&STALE_IDS).await?;
-            let rows = db.query(&ids, &[&STALE_IDS_LOGGED]).await?;
-            let ids = rows
+            let ids = self.config.store.stale_ids(STALE_IDS_LOGGED).await?;
+            let ids = ids
                 .iter()
-                .map(|row| {
-                    let id: &[u8] = row.try_get(0)?;
-                    // The same short form as the record id in the layer's spans.
-                    Ok(hex(&id[..id.len().min(8)]))
-                })
-                .collect::<Result<Vec<_>, tokio_postgres::Error>>()?;
+                // The same short form as the record id in the layer's spans.
+                .map(|id| hex(&id[..id.len().min(8)]))
+                .collect::<Vec<_>>();
             tracing::warn!(
                 count,
                 oldest_seconds = oldest.map_or(0, |age| age.as_secs()),

@@ -16,11 +16,11 @@ pub(crate) const DEFAULT_MAX_JSON_DEPTH: usize = 32;
 
 /// A SHA-256 request fingerprint.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fingerprint(pub(crate) [u8; 32]);
+pub struct Fingerprint(pub(crate) [u8; 32]);
 
 impl std::fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Fingerprint({})", crate::key::hex(&self.0))
+        write!(f, "Fingerprint({})", crate::engine::key::hex(&self.0))
     }
 }
 

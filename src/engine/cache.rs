@@ -15,8 +15,8 @@ use http::{HeaderMap, StatusCode};
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 
-use crate::fingerprint::Fingerprint;
-use crate::key::RecordId;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::key::RecordId;
 
 /// A completed response held in memory.
 #[derive(Debug)]
@@ -106,7 +106,7 @@ impl std::fmt::Debug for ResponseCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::key::IdempotencyKey;
+    use crate::engine::key::IdempotencyKey;
 
     fn id(key: &str) -> RecordId {
         RecordId::new("", &IdempotencyKey::parse(key.as_bytes()).unwrap())

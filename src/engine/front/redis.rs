@@ -30,10 +30,10 @@ use ::redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult,
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
-use crate::fingerprint::Fingerprint;
-use crate::key::RecordId;
-use crate::store;
-use crate::telemetry::{self, RedisOutcome};
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::key::RecordId;
+use crate::engine::record::{decode_headers, encode_headers};
+use crate::engine::telemetry::{self, RedisOutcome};
 
 /// Key prefix unless [`IdempotencyLayer::redis_prefix`](crate::IdempotencyLayer::redis_prefix)
 /// says otherwise.
@@ -483,14 +483,14 @@ fn millis(duration: Duration) -> u64 {
 }
 
 /// `FORMAT`, fingerprint (32), status (u16), headers' length (u32), headers
-/// ([`store::encode_headers`]), body.
+/// ([`encode_headers`]), body.
 fn encode(
     fingerprint: Fingerprint,
     status: StatusCode,
     headers: &HeaderMap,
     body: &[u8],
 ) -> Vec<u8> {
-    let headers = store::encode_headers(headers.iter());
+    let headers = encode_headers(headers.iter());
     let mut out = Vec::with_capacity(1 + 32 + 2 + 4 + headers.len() + body.len());
     out.push(FORMAT);
     out.extend_from_slice(&fingerprint.0);
@@ -522,7 +522,7 @@ fn decode(value: Bytes, pttl: i64) -> Option<RedisResponse> {
     Some(RedisResponse {
         fingerprint,
         status,
-        headers: store::decode_headers(&value[headers_at..body_at]),
+        headers: decode_headers(&value[headers_at..body_at]),
         body: value.slice(body_at..),
         ttl: u64::try_from(pttl).ok().map(Duration::from_millis),
     })

@@ -1,111 +1,13 @@
-//! The pooled connection that carries the shared transaction, and [`IdempotentTx`], the
-//! handle a handler runs its queries through.
+//! [`IdempotentTx`], the handle a handler runs its queries through.
 
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
-use deadpool_postgres::{ClientWrapper, Object};
-use tokio::sync::{RwLock, RwLockWriteGuard};
 use tokio_postgres::types::{BorrowToSql, ToSql};
-use tokio_postgres::{RowStream, Statement, ToStatement};
+use tokio_postgres::{Client, RowStream, Statement, ToStatement};
 
+use super::conn::TxConn;
 use crate::Error;
-use crate::key::RecordId;
-
-/// How long a background ROLLBACK may take before the connection is closed instead.
-const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// A pooled connection that may be inside a transaction.
-///
-/// It never goes back to the pool inside a transaction: dropped while one is open, it
-/// rolls back in a background task, and if that is impossible (no runtime, or the ROLLBACK
-/// fails) the connection is detached from the pool and closed, so the server rolls back.
-pub(crate) struct TxConn {
-    object: Option<Object>,
-    in_transaction: bool,
-}
-
-impl TxConn {
-    /// Wraps a connection that is about to begin a transaction.
-    pub(crate) fn new(object: Object) -> Self {
-        Self {
-            object: Some(object),
-            in_transaction: true,
-        }
-    }
-
-    pub(crate) fn client(&self) -> &ClientWrapper {
-        // `object` is only taken in `Drop`.
-        self.object.as_ref().expect("TxConn used after drop")
-    }
-
-    /// Marks the transaction as ended (committed or rolled back by the server); the
-    /// connection may go back to the pool.
-    pub(crate) fn mark_ended(&mut self) {
-        self.in_transaction = false;
-    }
-
-    /// Rolls back and returns the connection to the pool, waiting for the ROLLBACK.
-    pub(crate) async fn rollback(mut self) {
-        let Some(object) = self.object.take() else {
-            return;
-        };
-        rollback_or_detach(DetachOnDrop(Some(object))).await;
-    }
-}
-
-impl Drop for TxConn {
-    fn drop(&mut self) {
-        if !self.in_transaction {
-            return;
-        }
-        let Some(object) = self.object.take() else {
-            return;
-        };
-        let guard = DetachOnDrop(Some(object));
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(rollback_or_detach(guard));
-            }
-            Err(_) => drop(guard),
-        }
-    }
-}
-
-impl fmt::Debug for TxConn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxConn")
-            .field("in_transaction", &self.in_transaction)
-            .finish_non_exhaustive()
-    }
-}
-
-/// Owns a connection of unknown state: dropped, it closes the connection rather than
-/// return it to the pool.
-struct DetachOnDrop(Option<Object>);
-
-impl Drop for DetachOnDrop {
-    fn drop(&mut self) {
-        if let Some(object) = self.0.take() {
-            tracing::debug!("closing a connection whose transaction state is unknown");
-            drop(Object::take(object));
-        }
-    }
-}
-
-async fn rollback_or_detach(mut guard: DetachOnDrop) {
-    let Some(object) = guard.0.as_ref() else {
-        return;
-    };
-    let rolled_back =
-        tokio::time::timeout(ROLLBACK_TIMEOUT, object.batch_execute("ROLLBACK")).await;
-    if let Ok(Ok(())) = rolled_back {
-        // Clean: back to the pool.
-        drop(guard.0.take());
-    }
-}
+use crate::engine::shared_tx::HandleToken;
 
 /// A handle on the transaction that also stores the idempotency record: the extractor that
 /// enables idempotency for a route, and what [`Inbox`](crate::Inbox) hands a consumer's
@@ -147,69 +49,22 @@ async fn rollback_or_detach(mut guard: DetachOnDrop) {
 /// }
 /// ```
 pub struct IdempotentTx {
-    shared: Arc<SharedTx>,
-}
-
-/// The transaction one request or message runs in, shared by its owner (the layer or the
-/// inbox) and the handles it gives out.
-pub(crate) struct SharedTx {
-    pub(crate) id: RecordId,
-    slot: RwLock<Option<TxConn>>,
-    /// Live handles, so the owner can tell a handle that outlived its handler.
-    handles: AtomicUsize,
-}
-
-impl SharedTx {
-    pub(crate) fn new(id: RecordId) -> Self {
-        Self {
-            id,
-            slot: RwLock::new(None),
-            handles: AtomicUsize::new(0),
-        }
-    }
-
-    /// Exclusive access to the slot, to install a freshly claimed transaction.
-    pub(crate) async fn slot(&self) -> RwLockWriteGuard<'_, Option<TxConn>> {
-        self.slot.write().await
-    }
-
-    /// A new handle on the transaction.
-    pub(crate) fn handle(self: &Arc<Self>) -> IdempotentTx {
-        self.handles.fetch_add(1, Ordering::AcqRel);
-        IdempotentTx {
-            shared: Arc::clone(self),
-        }
-    }
-
-    /// Handles still alive.
-    pub(crate) fn live_handles(&self) -> usize {
-        self.handles.load(Ordering::Acquire)
-    }
-
-    /// Takes the transaction back; handles see [`Error::TransactionEnded`] from now on.
-    pub(crate) async fn take(&self) -> Option<TxConn> {
-        self.slot.write().await.take()
-    }
-}
-
-impl fmt::Debug for SharedTx {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedTx")
-            .field("id", &self.id)
-            .field("handles", &self.live_handles())
-            .finish_non_exhaustive()
-    }
+    token: HandleToken<TxConn>,
 }
 
 impl IdempotentTx {
+    pub(crate) fn new(token: HandleToken<TxConn>) -> Self {
+        Self { token }
+    }
+
     async fn with_client<T, F>(&self, sql: Option<&str>, f: F) -> Result<T, Error>
     where
-        F: AsyncFnOnce(&ClientWrapper) -> Result<T, tokio_postgres::Error>,
+        F: AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
     {
         if sql.is_some_and(is_transaction_control) {
             return Err(Error::TransactionControl);
         }
-        let slot = self.shared.slot.read().await;
+        let slot = self.token.shared().read().await;
         match slot.as_ref() {
             Some(conn) => f(conn.client()).await.map_err(Error::Postgres),
             None => Err(Error::TransactionEnded),
@@ -311,11 +166,12 @@ impl IdempotentTx {
     /// # Ok(()) }
     /// ```
     pub fn derive_key(&self, label: &str) -> String {
-        crate::key::derive_key(self.shared.id, label)
+        crate::engine::key::derive_key(self.token.id(), label)
     }
 
     /// Prepares a statement once per pooled connection and returns the cached copy after
-    /// that. See [`deadpool_postgres::ClientWrapper::prepare_cached`].
+    /// that, where the pool keeps a statement cache (deadpool); elsewhere (bb8) it prepares
+    /// the statement for this transaction.
     ///
     /// Not behind PgBouncer in transaction pooling mode without prepared-statement support
     /// (before 1.21, or `max_prepared_statements` unset), where the next request's
@@ -324,21 +180,25 @@ impl IdempotentTx {
     /// prepared statements off with
     /// [`IdempotencyLayer::prepared_statements`](crate::IdempotencyLayer::prepared_statements).
     pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {
-        self.with_client(Some(query), async |c| c.prepare_cached(query).await)
-            .await
-    }
-}
-
-impl Drop for IdempotentTx {
-    fn drop(&mut self) {
-        self.shared.handles.fetch_sub(1, Ordering::AcqRel);
+        if is_transaction_control(query) {
+            return Err(Error::TransactionControl);
+        }
+        let slot = self.token.shared().read().await;
+        let Some(conn) = slot.as_ref() else {
+            return Err(Error::TransactionEnded);
+        };
+        let prepared = match conn.pooled().prepare_cached(query, &[]) {
+            Some(cached) => cached.await,
+            None => conn.client().prepare(query).await,
+        };
+        prepared.map_err(Error::Postgres)
     }
 }
 
 impl fmt::Debug for IdempotentTx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentTx")
-            .field("record", &self.shared.id)
+            .field("record", &self.token.id())
             .finish_non_exhaustive()
     }
 }

@@ -15,24 +15,68 @@ use tracing::Instrument;
 
 use std::time::{Duration, Instant};
 
-use crate::config::{Config, StoreDecision};
-use crate::crypto::{self, StoredBody};
-use crate::fingerprint::Fingerprint;
-use crate::key::{IdempotencyKey, KeyError, RecordId};
-use crate::lease::IdempotentLease;
-use crate::rejection::{Rejection, RejectionKind};
-use crate::store::{
-    self, Claim, CommitError, Existing, ExistingKind, LeaseClaim, LeaseEnd, NewRecord,
+use crate::engine::crypto::{self, StoredBody};
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::key::{IdempotencyKey, KeyError, RecordId};
+use crate::engine::record::{
+    Claim, CommitError, Completion, Existing, ExistingKind, LeaseClaim, LeaseEnd, NewRecord,
+    encode_headers,
 };
-use crate::telemetry::{self, RequestOutcome};
-use crate::transaction::{IdempotentTx, SharedTx, TxConn};
+use crate::engine::shared_tx::SharedTx;
+use crate::engine::telemetry::{self, RequestOutcome};
+use crate::http::config::{Config, StoreDecision};
+use crate::http::lease::IdempotentLease;
+use crate::http::rejection::{Rejection, RejectionKind};
+use crate::store::Store;
 
 /// The response header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
-/// Request extension: a keyed request on a covered method.
+/// Request extension: a keyed request on a covered method, for the extractors of the
+/// layer's driver.
+pub(crate) struct Idempotent<D: Store>(pub(crate) Arc<RequestState<D>>);
+
+impl<D: Store> Clone for Idempotent<D> {
+    fn clone(&self) -> Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+/// Request extension: the same request for the driver-neutral lease extractor, and the
+/// layer's driver for the diagnostics of an extractor of another driver.
 #[derive(Clone)]
-pub(crate) struct Idempotent(pub(crate) Arc<RequestState>);
+pub(crate) struct Keyed(pub(crate) Arc<dyn Claimant>);
+
+/// What a driver-neutral extractor can do with a keyed request.
+pub(crate) trait Claimant: Send + Sync + 'static {
+    /// The layer's driver.
+    fn driver(&self) -> &'static str;
+    /// Claims the key in lease mode.
+    fn claim_lease(
+        self: Arc<Self>,
+    ) -> futures_util::future::BoxFuture<'static, Result<IdempotentLease, Response>>;
+}
+
+impl<D: Store> Claimant for RequestState<D> {
+    fn driver(&self) -> &'static str {
+        D::DRIVER
+    }
+
+    fn claim_lease(
+        self: Arc<Self>,
+    ) -> futures_util::future::BoxFuture<'static, Result<IdempotentLease, Response>> {
+        Box::pin(async move {
+            let claimed = self
+                .claim_lease_inner()
+                .instrument(tracing::debug_span!("idempotency.claim", record = %self.id))
+                .await;
+            if claimed.is_err() {
+                self.release_redis_lock().await;
+            }
+            claimed
+        })
+    }
+}
 
 /// Request extension: a covered method without a key.
 #[derive(Clone, Copy)]
@@ -47,14 +91,14 @@ pub(crate) struct KeyInvalid(pub(crate) KeyError);
 pub(crate) struct MethodNotCovered;
 
 /// What the layer knows about one keyed request.
-pub(crate) struct RequestState {
-    pub(crate) config: Arc<Config>,
+pub(crate) struct RequestState<D: Store> {
+    pub(crate) config: Arc<Config<D>>,
     pub(crate) id: RecordId,
     pub(crate) scope: String,
     pub(crate) key: IdempotencyKey,
     pub(crate) fingerprint: Fingerprint,
     /// Atomic mode: the shared transaction.
-    pub(crate) tx: Arc<SharedTx>,
+    pub(crate) tx: Arc<SharedTx<D::Conn>>,
     /// Atomic mode, set by the claim: a record for this id must be deleted before the insert.
     replaces: AtomicBool,
     /// Lease mode: the fencing token of the lease this request holds.
@@ -67,9 +111,9 @@ pub(crate) struct RequestState {
     redis_lock: AtomicBool,
 }
 
-impl RequestState {
+impl<D: Store> RequestState<D> {
     pub(crate) fn new(
-        config: Arc<Config>,
+        config: Arc<Config<D>>,
         scope: String,
         key: IdempotencyKey,
         fingerprint: Fingerprint,
@@ -126,11 +170,6 @@ impl RequestState {
         })
     }
 
-    /// The store's view of `client`, with the layer's prepared-statement setting.
-    fn db<'a>(&self, client: &'a deadpool_postgres::ClientWrapper) -> store::Db<'a> {
-        store::Db::new(client, self.config.prepared_statements)
-    }
-
     /// A key can be claimed once per request, by one kind of extractor.
     fn first_claim(&self) -> Result<(), Rejection> {
         if self.claimed.swap(true, Ordering::AcqRel) {
@@ -143,11 +182,12 @@ impl RequestState {
     }
 
     /// Atomic mode, the extractor's work: begin, lock, look up — and decide.
-    async fn claim(self: &Arc<Self>) -> Result<IdempotentTx, Response> {
+    async fn claim(self: &Arc<Self>) -> Result<D::Handle, Response> {
         let mut slot = self.tx.slot().await;
         if slot.is_some() {
             // A second extractor in the same handler shares the transaction.
-            return Ok(self.tx.handle());
+            drop(slot);
+            return Ok(D::handle(&self.tx));
         }
         self.first_claim().map_err(|r| self.reject(r))?;
         if let Some(answer) = self.answer_from_cache() {
@@ -164,29 +204,22 @@ impl RequestState {
         }
         let started = Instant::now();
         let config = &self.config;
-        let object = config.pool.get().await.map_err(|e| {
-            tracing::warn!(record = %self.id, error = %e, "no connection for the idempotency store");
-            self.unavailable(e)
-        })?;
-        let conn = TxConn::new(object);
-        let claim = store::claim(
-            self.db(conn.client()),
-            self.id,
-            self.fingerprint,
-            config.wait_for_in_flight,
-        )
-        .await
-        .map_err(|e| {
-            tracing::warn!(record = %self.id, error = %e, "claim failed");
-            self.unavailable(e)
-        })?;
+        let (claim, conn) = config
+            .store
+            .claim(self.id, self.fingerprint, config.wait_for_in_flight)
+            .await
+            .map_err(|e| {
+                tracing::warn!(record = %self.id, error = %e, "claim failed");
+                self.unavailable(e)
+            })?;
         telemetry::claim_time("atomic", started);
         match claim {
             Claim::Run { replaces } => {
                 tracing::debug!(record = %self.id, replaces, "claimed");
                 self.replaces.store(replaces, Ordering::Release);
                 *slot = Some(conn);
-                Ok(self.tx.handle())
+                drop(slot);
+                Ok(D::handle(&self.tx))
             }
             Claim::InFlight => {
                 tracing::debug!(record = %self.id, "in flight");
@@ -200,7 +233,7 @@ impl RequestState {
                 if holds_lock {
                     // Release the key's lock before answering, so the client's next
                     // retry cannot find it still held.
-                    conn.rollback().await;
+                    D::rollback(conn).await;
                 } else {
                     // Nothing held: the ROLLBACK can finish in the background.
                     drop(conn);
@@ -212,7 +245,7 @@ impl RequestState {
 
     /// Lease mode, the extractor's work: commit a PROCESSING record (or take over an
     /// abandoned one) with a fresh fencing token.
-    async fn claim_lease(self: &Arc<Self>) -> Result<IdempotentLease, Response> {
+    async fn claim_lease_inner(self: &Arc<Self>) -> Result<IdempotentLease, Response> {
         self.first_claim().map_err(|r| self.reject(r))?;
         if let Some(answer) = self.answer_from_cache() {
             return Err(answer);
@@ -222,20 +255,18 @@ impl RequestState {
             return Err(answer);
         }
         let started = Instant::now();
-        let client = self.config.pool.get().await.map_err(|e| {
-            tracing::warn!(record = %self.id, error = %e, "no connection for the idempotency store");
-            self.unavailable(e)
-        })?;
-        let claim = store::lease_acquire(
-            self.db(&client),
-            &self.record(StatusCode::ACCEPTED, Vec::new(), StoredBody::plain(&[])),
-            self.config.lease,
-        )
-        .await
-        .map_err(|e| {
-            tracing::warn!(record = %self.id, error = %e, "lease claim failed");
-            self.unavailable(e)
-        })?;
+        let claim = self
+            .config
+            .store
+            .lease_acquire(
+                &self.record(StatusCode::ACCEPTED, Vec::new(), StoredBody::plain(&[])),
+                self.config.lease,
+            )
+            .await
+            .map_err(|e| {
+                tracing::warn!(record = %self.id, error = %e, "lease claim failed");
+                self.unavailable(e)
+            })?;
         telemetry::claim_time("lease", started);
         match claim {
             LeaseClaim::Acquired { token, took_over } => {
@@ -244,7 +275,7 @@ impl RequestState {
                     telemetry::lease_takeover();
                 }
                 *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(token);
-                Ok(IdempotentLease::new(Arc::clone(self), token))
+                Ok(IdempotentLease::new(self.id, token))
             }
             LeaseClaim::Existing(existing) => Err(self.answer_existing(existing).await),
             LeaseClaim::Raced => {
@@ -354,7 +385,7 @@ impl RequestState {
     /// holds the in-flight lock for that long (plus a margin) or until it ends.
     #[cfg(feature = "redis")]
     async fn answer_from_redis(&self, lock: Option<Duration>) -> Option<Response> {
-        use crate::front::redis::{LOCK_MARGIN, Lookup};
+        use crate::engine::front::redis::{LOCK_MARGIN, Lookup};
         let front = self.config.redis.as_ref()?;
         match front
             .lookup(self.id, lock.map(|lock| lock + LOCK_MARGIN))
@@ -450,7 +481,7 @@ impl RequestState {
         }
         match self.tx.take().await {
             Some(conn) => {
-                conn.rollback().await;
+                D::rollback(conn).await;
                 telemetry::request(RequestOutcome::RolledBack);
                 true
             }
@@ -465,17 +496,14 @@ impl RequestState {
             Vec::new(),
             StoredBody::plain(&[]),
         );
-        let ended = match self.config.pool.get().await {
-            Ok(client) => {
-                store::lease_complete(self.db(&client), &record, token, LeaseEnd::RetryableFailure)
-                    .await
-                    .map(drop)
-                    .map_err(|e| e.to_string())
-            }
-            Err(e) => Err(e.to_string()),
-        };
+        let ended = self
+            .config
+            .store
+            .lease_complete(&record, token, LeaseEnd::RetryableFailure)
+            .await;
         if let Err(error) = ended {
-            tracing::warn!(record = %self.id, %error, "could not mark the lease failed; it will expire");
+            tracing::warn!(record = %self.id, error = &error as &dyn std::error::Error,
+                "could not mark the lease failed; it will expire");
         }
     }
 
@@ -498,32 +526,35 @@ impl RequestState {
         if let Some(token) = self.lease_token() {
             return self.complete_lease(token, response).await;
         }
-        let leaked = self.tx.live_handles() > 0;
-        // `None` if the handler never claimed (it does not take an extractor, or the
-        // extractor answered for it).
-        let Some(mut conn) = self.tx.take().await else {
-            return response.map(Body::new);
-        };
-        if leaked {
-            tracing::error!(record = %self.id, "handler leaked its IdempotentTx; rolling back");
-            conn.rollback().await;
+        if self.tx.live_handles() > 0 {
+            // A handle outlived the handler. Roll back now if it is not in the middle of a
+            // statement; otherwise the transaction rolls back when the handle lets go of it.
+            if let Some(conn) = self.tx.try_take() {
+                D::rollback(conn).await;
+            }
+            tracing::error!(record = %self.id, "handler leaked its transaction handle; rolling back");
             telemetry::request(RequestOutcome::RolledBack);
             return self.reject(Rejection::new(
                 RejectionKind::TransactionLeaked,
                 "the handler kept its transaction handle after returning; its work was rolled back",
             ));
         }
+        // `None` if the handler never claimed (it does not take an extractor, or the
+        // extractor answered for it).
+        let Some(mut conn) = self.tx.take().await else {
+            return response.map(Body::new);
+        };
         let decision = (self.config.store_policy)(response.status());
         if decision == StoreDecision::Discard {
             tracing::debug!(record = %self.id, status = %response.status(), "rolled back, not stored");
-            conn.rollback().await;
+            D::rollback(conn).await;
             telemetry::request(RequestOutcome::RolledBack);
             return response.map(Body::new);
         }
         let (parts, body) = match self.buffer_response(response).await {
             Ok(buffered) => buffered,
             Err(rejection) => {
-                conn.rollback().await;
+                D::rollback(conn).await;
                 telemetry::request(RequestOutcome::RolledBack);
                 return self.reject(rejection);
             }
@@ -532,25 +563,25 @@ impl RequestState {
         let sealed = match self.seal(&body) {
             Ok(sealed) => sealed,
             Err(rejection) => {
-                conn.rollback().await;
+                D::rollback(conn).await;
                 telemetry::request(RequestOutcome::RolledBack);
                 return self.reject(rejection);
             }
         };
-        let record = self.record(parts.status, store::encode_headers(kept.iter()), sealed);
+        let record = self.record(parts.status, encode_headers(kept.iter()), sealed);
         let started = Instant::now();
-        let outcome = store::insert_and_commit(
-            self.db(conn.client()),
-            &record,
-            (decision == StoreDecision::StoreWithoutCommit).then_some(self.config.handler_timeout),
-            self.replaces.load(Ordering::Acquire),
-        )
-        .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
-        .await;
+        let completion = Completion {
+            discard_handler_writes: (decision == StoreDecision::StoreWithoutCommit)
+                .then_some(self.config.handler_timeout),
+            replaces: self.replaces.load(Ordering::Acquire),
+        };
+        let outcome = D::commit(&mut conn, &record, completion)
+            .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
+            .await;
         telemetry::commit_time("atomic", started);
         match outcome {
             Ok(()) => {
-                conn.mark_ended();
+                drop(conn);
                 tracing::debug!(record = %self.id, status = %parts.status, "committed");
                 telemetry::request(RequestOutcome::Executed);
                 self.remember(parts.status, &kept, &body, self.remaining_ttl())
@@ -559,10 +590,16 @@ impl RequestState {
             }
             Err(CommitError::Conflict) => {
                 // The COMMIT after the failed insert was a ROLLBACK.
-                conn.mark_ended();
+                drop(conn);
                 tracing::warn!(record = %self.id, "unique-key backstop caught a concurrent request");
                 telemetry::unique_conflict();
-                match store::lookup(self.db(conn.client()), self.id).await {
+                let found = self
+                    .config
+                    .store
+                    .lookup(self.id)
+                    .await
+                    .map(|row| row.map(Existing::from).filter(|existing| !existing.expired));
+                match found {
                     Ok(Some(existing)) => self.answer_existing(existing).await,
                     Ok(None) => {
                         telemetry::request(RequestOutcome::InFlight);
@@ -615,15 +652,14 @@ impl RequestState {
                 return self.reject(rejection);
             }
         };
-        let record = self.record(parts.status, store::encode_headers(kept.iter()), sealed);
+        let record = self.record(parts.status, encode_headers(kept.iter()), sealed);
         let started = Instant::now();
-        let completed = match self.config.pool.get().await {
-            Ok(client) => store::lease_complete(self.db(&client), &record, token, end)
-                .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
-                .await
-                .map_err(crate::Error::from),
-            Err(e) => Err(e.into()),
-        };
+        let completed = self
+            .config
+            .store
+            .lease_complete(&record, token, end)
+            .instrument(tracing::debug_span!("idempotency.commit", record = %self.id))
+            .await;
         telemetry::commit_time("lease", started);
         match completed {
             Ok(true) => {
@@ -722,7 +758,7 @@ fn replay(status: StatusCode, headers: HeaderMap, body: Bytes) -> Response {
 /// A request dropped before it ended (cancelled with `finish_on_disconnect(false)`) gives
 /// its Redis lock back rather than leave it to expire.
 #[cfg(feature = "redis")]
-impl Drop for RequestState {
+impl<D: Store> Drop for RequestState<D> {
     fn drop(&mut self) {
         if *self.redis_lock.get_mut() {
             if let Some(front) = &self.config.redis {
@@ -732,7 +768,7 @@ impl Drop for RequestState {
     }
 }
 
-impl std::fmt::Debug for RequestState {
+impl<D: Store> std::fmt::Debug for RequestState<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RequestState")
             .field("id", &self.id)
@@ -742,14 +778,35 @@ impl std::fmt::Debug for RequestState {
 }
 
 /// The request's state for an extractor, or the rejection that says why there is none.
-pub(crate) fn request_state(
+pub(crate) fn request_state<D: Store>(
     parts: &Parts,
     extractor: &str,
-) -> Result<Arc<RequestState>, Rejection> {
-    if let Some(Idempotent(state)) = parts.extensions.get::<Idempotent>() {
+) -> Result<Arc<RequestState<D>>, Rejection> {
+    if let Some(Idempotent(state)) = parts.extensions.get::<Idempotent<D>>() {
         return Ok(Arc::clone(state));
     }
-    let rejection = if let Some(KeyInvalid(error)) = parts.extensions.get::<KeyInvalid>() {
+    keyed_rejection(parts, extractor, Some(D::DRIVER))
+}
+
+/// Why an extractor finds no keyed request: no key, a bad key, a method the layer does not
+/// cover, no layer — or (with `driver`) a layer of another driver.
+pub(crate) fn keyed_rejection<T>(
+    parts: &Parts,
+    extractor: &str,
+    driver: Option<&str>,
+) -> Result<T, Rejection> {
+    let rejection = if let (Some(Keyed(other)), Some(driver)) =
+        (parts.extensions.get::<Keyed>(), driver)
+    {
+        Rejection::new(
+            RejectionKind::LayerMissing,
+            format!(
+                "{extractor} is the {driver} extractor, but this route's IdempotencyLayer was \
+                 built on {}; take that driver's extractor, or build the layer on a {driver} pool",
+                other.driver()
+            ),
+        )
+    } else if let Some(KeyInvalid(error)) = parts.extensions.get::<KeyInvalid>() {
         telemetry::request(RequestOutcome::InvalidKey);
         Rejection::new(RejectionKind::InvalidKey, error.to_string())
     } else if parts.extensions.get::<KeyMissing>().is_some() {
@@ -778,16 +835,16 @@ pub(crate) fn request_state(
     Err(rejection)
 }
 
-/// What both extractors do: find the request's state, claim the key in their mode, and
-/// free the Redis pre-filter's lock when the claim answers without running the handler.
-async fn extract<T>(
+/// What a driver's transaction extractor does: find the request's state, claim the key,
+/// and free the Redis pre-filter's lock when the claim answers without running the handler.
+pub(crate) async fn extract_tx<D: Store>(
     parts: &Parts,
     extractor: &str,
-    claim: impl AsyncFnOnce(&Arc<RequestState>) -> Result<T, Response>,
-) -> Result<T, Response> {
+) -> Result<D::Handle, Response> {
     // Rendered with the default; the layer (when present) re-renders custom rejections.
-    let state = request_state(parts, extractor).map_err(|r| r.problem_response())?;
-    let claimed = claim(&state)
+    let state = request_state::<D>(parts, extractor).map_err(|r| r.problem_response())?;
+    let claimed = state
+        .claim()
         .instrument(tracing::debug_span!("idempotency.claim", record = %state.id))
         .await;
     if claimed.is_err() {
@@ -797,21 +854,22 @@ async fn extract<T>(
     claimed
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for IdempotentTx {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        extract(parts, "IdempotentTx", async |state| state.claim().await).await
-    }
-}
-
 impl<S: Send + Sync> FromRequestParts<S> for IdempotentLease {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        extract(parts, "IdempotentLease", async |state| {
-            state.claim_lease().await
-        })
-        .await
+        match parts.extensions.get::<Keyed>() {
+            Some(Keyed(state)) => Arc::clone(state).claim_lease().await,
+            None => keyed_rejection(parts, "IdempotentLease", None)
+                .map_err(|r: Rejection| r.problem_response()),
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for crate::postgres::IdempotentTx {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        extract_tx::<crate::postgres::PgStore>(parts, "IdempotentTx").await
     }
 }

@@ -10,7 +10,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use pin_project_lite::pin_project;
 
-use crate::rejection::{RejectionHandler, finalize};
+use crate::http::rejection::{RejectionHandler, finalize};
 
 pub(crate) type BoxedResponse<E> = Pin<Box<dyn Future<Output = Result<Response, E>> + Send>>;
 

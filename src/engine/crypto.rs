@@ -19,7 +19,7 @@ use std::fmt;
 
 use bytes::Bytes;
 
-use crate::key::RecordId;
+use crate::engine::key::RecordId;
 
 /// Version byte of the sealed format.
 #[cfg(feature = "encryption")]

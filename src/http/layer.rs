@@ -4,18 +4,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
-use deadpool_postgres::Pool;
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 use super::Idempotency;
 use crate::Rejection;
-use crate::cache::ResponseCache;
-use crate::config::{Config, StoreDecision};
-use crate::fingerprint::parse_pointer;
+use crate::engine::cache::ResponseCache;
+use crate::engine::fingerprint::parse_pointer;
 #[cfg(feature = "redis")]
-use crate::front::redis::{RedisFront, RedisOptions};
+use crate::engine::front::redis::{RedisFront, RedisOptions};
+use crate::http::config::{Config, StoreDecision};
+use crate::postgres::PgStore;
+use crate::store::{IntoStore, Store};
 
 /// Makes POST and PATCH handlers that take [`IdempotentTx`](crate::IdempotentTx) take
 /// effect once per `Idempotency-Key`, storing the response in the same PostgreSQL
@@ -56,21 +57,38 @@ use crate::front::redis::{RedisFront, RedisOptions};
 ///     .layer(layer)
 /// # }
 /// ```
-#[derive(Clone, Debug)]
-pub struct IdempotencyLayer {
-    config: Arc<Config>,
+pub struct IdempotencyLayer<D: Store = PgStore> {
+    config: Arc<Config<D>>,
 }
 
-impl IdempotencyLayer {
-    /// A layer that stores records through `pool`, with the defaults described on each
-    /// builder method. Run [`migrate`](crate::migrate) once before serving.
-    pub fn new(pool: Pool) -> Self {
+impl<D: Store> Clone for IdempotencyLayer<D> {
+    fn clone(&self) -> Self {
         Self {
-            config: Arc::new(Config::new(pool)),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<D: Store + std::fmt::Debug> std::fmt::Debug for IdempotencyLayer<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<D: Store> IdempotencyLayer<D> {
+    /// A layer that stores records through `pool` — a deadpool or bb8 pool of
+    /// tokio-postgres connections, an `sqlx::PgPool`, or a [`Store`] (see [`IntoStore`]) —
+    /// with the defaults described on each builder method. Run [`migrate`](crate::migrate)
+    /// once before serving.
+    pub fn new<P: IntoStore<Store = D>>(pool: P) -> Self {
+        Self {
+            config: Arc::new(Config::new(pool.into_store())),
         }
     }
 
-    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+    fn with(mut self, f: impl FnOnce(&mut Config<D>)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
     }
@@ -283,7 +301,7 @@ impl IdempotencyLayer {
     /// ```
     #[must_use]
     pub fn prepared_statements(self, enabled: bool) -> Self {
-        self.with(|c| c.prepared_statements = enabled)
+        self.with(|c| c.store.set_prepared_statements(enabled))
     }
 
     /// Keep completed responses in memory, up to `max_bytes`, and replay them with no
@@ -430,8 +448,8 @@ impl IdempotencyLayer {
     }
 }
 
-impl<S> Layer<S> for IdempotencyLayer {
-    type Service = Idempotency<S>;
+impl<S, D: Store> Layer<S> for IdempotencyLayer<D> {
+    type Service = Idempotency<S, D>;
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency::new(inner, Arc::clone(&self.config))

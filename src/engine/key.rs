@@ -160,7 +160,7 @@ impl std::error::Error for KeyError {}
 ///
 /// Sent to PostgreSQL as a `uuid` (16 bytes, half the index of a 32-byte `bytea`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct RecordId([u8; 16]);
+pub struct RecordId([u8; 16]);
 
 impl RecordId {
     pub(crate) fn new(scope: &str, key: &IdempotencyKey) -> Self {
@@ -186,6 +186,11 @@ impl RecordId {
         hex(&self.0)
     }
 
+    /// The 16 bytes, as bound to a `uuid` parameter.
+    pub(crate) fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
     /// The key of the transaction-scoped advisory lock that serialises requests for this record.
     pub(crate) fn lock_key(self) -> i64 {
         let mut high = [0; 8];
@@ -205,23 +210,6 @@ impl fmt::Debug for RecordId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "RecordId({})", hex(&self.0))
     }
-}
-
-impl tokio_postgres::types::ToSql for RecordId {
-    fn to_sql(
-        &self,
-        _ty: &tokio_postgres::types::Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        out.extend_from_slice(&self.0);
-        Ok(tokio_postgres::types::IsNull::No)
-    }
-
-    fn accepts(ty: &tokio_postgres::types::Type) -> bool {
-        *ty == tokio_postgres::types::Type::UUID
-    }
-
-    tokio_postgres::types::to_sql_checked!();
 }
 
 /// A stable key for one downstream effect of the operation `id`: 32 hex characters of

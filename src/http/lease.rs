@@ -18,10 +18,8 @@
 //!    `lease_lost`), never overwriting the newer result.
 
 use std::fmt;
-use std::sync::Arc;
 
-use crate::key::derive_key;
-use crate::request::RequestState;
+use crate::engine::key::{RecordId, derive_key};
 
 /// The extractor that makes a route idempotent in lease mode.
 ///
@@ -38,13 +36,13 @@ use crate::request::RequestState;
 /// # async fn reqwest_like_post(_: &str, _: &str, _: &serde_json::Value) -> bool { true }
 /// ```
 pub struct IdempotentLease {
-    state: Arc<RequestState>,
+    id: RecordId,
     token: i64,
 }
 
 impl IdempotentLease {
-    pub(crate) fn new(state: Arc<RequestState>, token: i64) -> Self {
-        Self { state, token }
+    pub(crate) fn new(id: RecordId, token: i64) -> Self {
+        Self { id, token }
     }
 
     /// The fencing token of this lease: drawn from a database sequence when the key is
@@ -59,14 +57,14 @@ impl IdempotentLease {
     /// the same (scope, Idempotency-Key), different for every `label`. Send it as the
     /// `Idempotency-Key` of a downstream HTTP call or as the id of a published message.
     pub fn derive_key(&self, label: &str) -> String {
-        derive_key(self.state.id, label)
+        derive_key(self.id, label)
     }
 }
 
 impl fmt::Debug for IdempotentLease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentLease")
-            .field("record", &self.state.id)
+            .field("record", &self.id)
             .field("token", &self.token)
             .finish()
     }

@@ -4,63 +4,24 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Pool;
 use http::request::Parts;
 use http::{HeaderName, Method, StatusCode, header};
+
+pub(crate) use crate::engine::policy::StoreDecision;
 use tokio_util::task::TaskTracker;
 
-use crate::cache::ResponseCache;
-use crate::crypto::BodyKeys;
-use crate::fingerprint::Fingerprinter;
+use crate::engine::cache::ResponseCache;
+use crate::engine::crypto::BodyKeys;
+use crate::engine::fingerprint::Fingerprinter;
 #[cfg(feature = "redis")]
-use crate::front::redis::{RedisFront, RedisOptions};
-use crate::rejection::RejectionHandler;
-
-/// What happens to a handler's transaction and response, decided by its status code.
-///
-/// The default, [`StoreDecision::for_status`], follows the usual retry semantics: a
-/// response that a retry should see again is stored; one that a retry might change is not.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreDecision {
-    /// Commit the handler's writes and store the response (default for 2xx and 3xx).
-    Commit,
-    /// Roll the handler's writes back but store the response, so retries get the same
-    /// answer (default for deterministic 4xx such as 400, 404, 422).
-    StoreWithoutCommit,
-    /// Roll back and store nothing: the retry runs the handler again (default for 5xx and
-    /// for 408, 409, 425 and 429, which say "try again").
-    Discard,
-}
-
-impl StoreDecision {
-    /// The default store policy.
-    ///
-    /// ```
-    /// use axum_idempotency::StoreDecision;
-    /// use http::StatusCode;
-    ///
-    /// assert_eq!(StoreDecision::for_status(StatusCode::CREATED), StoreDecision::Commit);
-    /// assert_eq!(StoreDecision::for_status(StatusCode::SEE_OTHER), StoreDecision::Commit);
-    /// assert_eq!(StoreDecision::for_status(StatusCode::NOT_FOUND), StoreDecision::StoreWithoutCommit);
-    /// assert_eq!(StoreDecision::for_status(StatusCode::TOO_MANY_REQUESTS), StoreDecision::Discard);
-    /// assert_eq!(StoreDecision::for_status(StatusCode::BAD_GATEWAY), StoreDecision::Discard);
-    /// ```
-    pub fn for_status(status: StatusCode) -> Self {
-        match status.as_u16() {
-            200..=399 => Self::Commit,
-            408 | 409 | 425 | 429 => Self::Discard,
-            400..=499 => Self::StoreWithoutCommit,
-            _ => Self::Discard,
-        }
-    }
-}
+use crate::engine::front::redis::{RedisFront, RedisOptions};
+use crate::http::rejection::RejectionHandler;
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 #[derive(Clone)]
-pub(crate) struct Config {
-    pub(crate) pool: Pool,
+pub(crate) struct Config<D> {
+    pub(crate) store: D,
     pub(crate) methods: Vec<Method>,
     pub(crate) scope: Option<ScopeFn>,
     pub(crate) fingerprint: Fingerprinter,
@@ -77,7 +38,6 @@ pub(crate) struct Config {
     pub(crate) handler_timeout: Duration,
     pub(crate) store_raw_key: bool,
     pub(crate) lease: Duration,
-    pub(crate) prepared_statements: bool,
     pub(crate) cache: Option<Arc<ResponseCache>>,
     /// Encryption at rest of stored bodies (always `None` without feature `encryption`).
     pub(crate) body_keys: Option<BodyKeys>,
@@ -88,10 +48,10 @@ pub(crate) struct Config {
     pub(crate) tasks: TaskTracker,
 }
 
-impl Config {
-    pub(crate) fn new(pool: Pool) -> Self {
+impl<D> Config<D> {
+    pub(crate) fn new(store: D) -> Self {
         Self {
-            pool,
+            store,
             methods: vec![Method::POST, Method::PATCH],
             scope: None,
             fingerprint: Fingerprinter::default(),
@@ -108,7 +68,6 @@ impl Config {
             handler_timeout: Duration::from_secs(60),
             store_raw_key: false,
             lease: Duration::from_secs(30),
-            prepared_statements: true,
             cache: None,
             body_keys: None,
             #[cfg(feature = "redis")]
@@ -128,10 +87,11 @@ impl Config {
     }
 }
 
-impl fmt::Debug for Config {
+impl<D: fmt::Debug> fmt::Debug for Config<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut f = f.debug_struct("Config");
-        f.field("methods", &self.methods)
+        f.field("store", &self.store)
+            .field("methods", &self.methods)
             .field("scoped", &self.scope.is_some())
             .field("fingerprint", &self.fingerprint)
             .field("body_limit", &self.body_limit)
@@ -146,7 +106,6 @@ impl fmt::Debug for Config {
             .field("handler_timeout", &self.handler_timeout)
             .field("store_raw_key", &self.store_raw_key)
             .field("lease", &self.lease)
-            .field("prepared_statements", &self.prepared_statements)
             .field("cache", &self.cache)
             .field("body_keys", &self.body_keys);
         #[cfg(feature = "redis")]

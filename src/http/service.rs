@@ -8,7 +8,6 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use deadpool_postgres::Pool;
 use futures_util::FutureExt;
 use http::{Request, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
@@ -16,17 +15,38 @@ use tower_service::Service;
 use tracing::Instrument;
 
 use super::{IdempotencyLayer, ResponseFuture};
-use crate::config::Config;
-use crate::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
-use crate::rejection::{Rejection, RejectionKind, finalize};
-use crate::request::{Idempotent, KeyInvalid, KeyMissing, MethodNotCovered, RequestState};
-use crate::telemetry::{self, RequestOutcome};
+use crate::engine::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
+use crate::engine::telemetry::{self, RequestOutcome};
+use crate::http::config::Config;
+use crate::http::rejection::{Rejection, RejectionKind, finalize};
+use crate::http::request::{
+    Idempotent, KeyInvalid, KeyMissing, Keyed, MethodNotCovered, RequestState,
+};
+use crate::postgres::PgStore;
+use crate::store::{IntoStore, Store};
 
-/// The middleware built by [`IdempotencyLayer`].
-#[derive(Clone, Debug)]
-pub struct Idempotency<S> {
+/// The middleware built by [`IdempotencyLayer`], over the driver `D`.
+pub struct Idempotency<S, D: Store = PgStore> {
     inner: S,
-    config: Arc<Config>,
+    config: Arc<Config<D>>,
+}
+
+impl<S: Clone, D: Store> Clone for Idempotency<S, D> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, D: Store + std::fmt::Debug> std::fmt::Debug for Idempotency<S, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
 }
 
 impl Idempotency<()> {
@@ -39,13 +59,13 @@ impl Idempotency<()> {
     /// let layer = Idempotency::layer(pool);
     /// # }
     /// ```
-    pub fn layer(pool: Pool) -> IdempotencyLayer {
+    pub fn layer<P: IntoStore>(pool: P) -> IdempotencyLayer<P::Store> {
         IdempotencyLayer::new(pool)
     }
 }
 
-impl<S> Idempotency<S> {
-    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+impl<S, D: Store> Idempotency<S, D> {
+    pub(crate) fn new(inner: S, config: Arc<Config<D>>) -> Self {
         Self { inner, config }
     }
 
@@ -65,8 +85,9 @@ impl<S> Idempotency<S> {
     }
 }
 
-impl<S, B, ResBody> Service<Request<B>> for Idempotency<S>
+impl<S, D, B, ResBody> Service<Request<B>> for Idempotency<S, D>
 where
+    D: Store,
     S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -122,13 +143,14 @@ where
 }
 
 /// A keyed request on a covered method, from body buffering to the final answer.
-async fn run<S, B, ResBody>(
+async fn run<S, D, B, ResBody>(
     mut inner: S,
-    config: Arc<Config>,
+    config: Arc<Config<D>>,
     key: IdempotencyKey,
     req: Request<B>,
 ) -> Result<Response, S::Error>
 where
+    D: Store,
     S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -161,6 +183,7 @@ where
         fingerprint,
     ));
     parts.extensions.insert(Idempotent(Arc::clone(&state)));
+    parts.extensions.insert(Keyed(Arc::clone(&state) as _));
     let handler = inner.call(Request::from_parts(parts, Body::from(body)));
 
     let outcome = if config.finish_on_disconnect {
@@ -193,8 +216,9 @@ enum Outcome<E> {
 }
 
 /// Runs the handler under the deadline, catching panics, then completes the transaction.
-async fn execute<F, ResBody, E>(handler: F, state: Arc<RequestState>) -> Outcome<E>
+async fn execute<D, F, ResBody, E>(handler: F, state: Arc<RequestState<D>>) -> Outcome<E>
 where
+    D: Store,
     F: std::future::Future<Output = Result<Response<ResBody>, E>>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<axum::BoxError>,
@@ -245,8 +269,8 @@ where
 }
 
 /// Reads the whole request body, bounded in size and time.
-async fn buffer_body<B>(
-    config: &Config,
+async fn buffer_body<D, B>(
+    config: &Config<D>,
     headers: &http::HeaderMap,
     body: B,
 ) -> Result<Bytes, Rejection>

@@ -1,0 +1,14 @@
+//! The driver-neutral engine: keys and scopes, fingerprints, the store policy, the claim's
+//! outcomes and the completion rules, the stored-response codec, encryption at rest, the
+//! caches and front lines in front of the database, and the metrics.
+
+pub(crate) mod cache;
+pub(crate) mod crypto;
+pub(crate) mod fingerprint;
+#[cfg(feature = "redis")]
+pub(crate) mod front;
+pub(crate) mod key;
+pub(crate) mod policy;
+pub(crate) mod record;
+pub(crate) mod shared_tx;
+pub(crate) mod telemetry;

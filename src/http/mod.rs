@@ -1,0 +1,16 @@
+//! The HTTP adapter: the Tower middleware ([`IdempotencyLayer`], the [`Idempotency`]
+//! service, its [`ResponseFuture`]), the per-request state it shares with the extractors,
+//! and the rejections. It knows nothing of SQL: every database step goes through the
+//! request's [`Store`](crate::Store).
+
+pub(crate) mod config;
+mod future;
+mod layer;
+pub(crate) mod lease;
+pub(crate) mod rejection;
+pub(crate) mod request;
+mod service;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::IdempotencyLayer;
+pub use self::service::Idempotency;

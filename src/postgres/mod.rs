@@ -1,0 +1,64 @@
+//! The tokio-postgres driver: [`PgStore`] over any pool that hands out a
+//! `tokio_postgres::Client` — deadpool (feature `deadpool`, default), bb8 (feature `bb8`),
+//! or your own through [`ClientPool`] — and [`IdempotentTx`], the handle its handlers
+//! run their statements through.
+//!
+//! The fastest driver: the claim is `BEGIN` and one statement pipelined in one round trip,
+//! the completion is the record's insert and `COMMIT` pipelined in another. Statements are
+//! prepared once per connection where the pool keeps a statement cache (deadpool); with a
+//! pool that does not (bb8), or with `prepared_statements(false)`, they are sent
+//! unprepared with their parameter types — the same round trips, planned each time.
+
+mod conn;
+mod db;
+mod pool;
+mod store;
+mod tx;
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use self::pool::{BoxFuture, ClientPool, PoolError, PooledClient};
+pub use self::tx::{IdempotentTx, TxStatement};
+
+use crate::store::IntoStore;
+
+/// The tokio-postgres [`Store`](crate::Store): a [`ClientPool`] and the crate's
+/// prepared-statement setting. Cloning it is a reference-count bump.
+///
+/// Components build one from a deadpool or bb8 pool themselves
+/// (`IdempotencyLayer::new(pool)`); build it with [`PgStore::new`] for another pool.
+#[derive(Clone)]
+pub struct PgStore {
+    pool: Arc<dyn ClientPool>,
+    prepared: bool,
+}
+
+impl PgStore {
+    /// A store over `pool`.
+    pub fn new(pool: impl ClientPool) -> Self {
+        Self {
+            pool: Arc::new(pool),
+            prepared: true,
+        }
+    }
+}
+
+impl fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStore")
+            .field("prepared_statements", &self.prepared)
+            .finish_non_exhaustive()
+    }
+}
+
+impl crate::store::sealed::Sealed for PgStore {}
+
+#[cfg(feature = "deadpool")]
+impl IntoStore for deadpool_postgres::Pool {
+    type Store = PgStore;
+
+    fn into_store(self) -> PgStore {
+        PgStore::new(self)
+    }
+}

@@ -1,0 +1,131 @@
+//! Pools the tokio-postgres driver runs on: [`ClientPool`], implemented here for deadpool
+//! and bb8, and implementable for any other pool that hands out a `tokio_postgres::Client`.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio_postgres::types::Type;
+use tokio_postgres::{Client, Statement};
+
+/// A boxed future, as [`ClientPool`] and [`PooledClient`] return them.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The error a pool reports when it cannot hand out a connection.
+pub type PoolError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A pool of tokio-postgres connections: what [`PgStore`](super::PgStore) needs of one.
+///
+/// Implemented for `deadpool_postgres::Pool` (feature `deadpool`, default) and
+/// `bb8::Pool<bb8_postgres::PostgresConnectionManager<T>>` (feature `bb8`). For another
+/// pool, implement it and pass the pool to [`PgStore::new`](super::PgStore::new):
+///
+/// ```no_run
+/// use axum_idempotency::postgres::{BoxFuture, ClientPool, PgStore, PoolError, PooledClient};
+///
+/// /// A pool of one, for illustration: a real pool hands out many.
+/// struct MyPool(std::sync::Arc<tokio::sync::Mutex<Option<tokio_postgres::Client>>>);
+///
+/// struct MyConnection {
+///     client: Option<tokio_postgres::Client>,
+///     home: std::sync::Arc<tokio::sync::Mutex<Option<tokio_postgres::Client>>>,
+/// }
+///
+/// impl PooledClient for MyConnection {
+///     fn client(&self) -> &tokio_postgres::Client {
+///         self.client.as_ref().expect("present until dropped")
+///     }
+///
+///     fn discard(mut self: Box<Self>) {
+///         // Never give a connection of unknown state back: drop it, and the server
+///         // rolls back whatever it was in.
+///         self.client.take();
+///     }
+/// }
+///
+/// impl Drop for MyConnection {
+///     fn drop(&mut self) {
+///         if let (Some(client), Ok(mut home)) = (self.client.take(), self.home.try_lock()) {
+///             *home = Some(client);
+///         }
+///     }
+/// }
+///
+/// impl ClientPool for MyPool {
+///     fn get(&self) -> BoxFuture<'_, Result<Box<dyn PooledClient>, PoolError>> {
+///         Box::pin(async move {
+///             let client = self.0.lock().await.take().ok_or("the connection is in use")?;
+///             let home = std::sync::Arc::clone(&self.0);
+///             Ok(Box::new(MyConnection { client: Some(client), home }) as Box<dyn PooledClient>)
+///         })
+///     }
+/// }
+///
+/// # fn f(pool: MyPool) {
+/// let layer = axum_idempotency::IdempotencyLayer::new(PgStore::new(pool));
+/// # }
+/// ```
+pub trait ClientPool: Send + Sync + 'static {
+    /// Checks a connection out of the pool.
+    fn get(&self) -> BoxFuture<'_, Result<Box<dyn PooledClient>, PoolError>>;
+}
+
+/// A connection checked out of a [`ClientPool`]; dropping it gives it back.
+///
+/// The crate gives a connection back only outside a transaction: it rolls back first, and
+/// calls [`discard`](Self::discard) when it cannot tell the connection's state.
+pub trait PooledClient: Send + Sync + 'static {
+    /// The connection.
+    fn client(&self) -> &Client;
+
+    /// Prepares `query` once per connection and returns the cached statement after that,
+    /// if the pool keeps a statement cache per connection (deadpool does). `None` (the
+    /// default) makes the crate send its statements unprepared, each with its parameter
+    /// types: the same round trips, planned each time.
+    fn prepare_cached<'a>(
+        &'a self,
+        query: &'a str,
+        types: &'a [Type],
+    ) -> Option<BoxFuture<'a, Result<Statement, tokio_postgres::Error>>> {
+        let _ = (query, types);
+        None
+    }
+
+    /// Closes the connection instead of giving it back: its transaction state is unknown
+    /// (a ROLLBACK failed or did not answer in time).
+    fn discard(self: Box<Self>);
+}
+
+#[cfg(feature = "deadpool")]
+mod deadpool {
+    use super::{BoxFuture, ClientPool, PoolError, PooledClient};
+    use deadpool_postgres::{Object, Pool};
+    use tokio_postgres::types::Type;
+    use tokio_postgres::{Client, Statement};
+
+    impl ClientPool for Pool {
+        fn get(&self) -> BoxFuture<'_, Result<Box<dyn PooledClient>, PoolError>> {
+            Box::pin(async move {
+                let object = Pool::get(self).await?;
+                Ok(Box::new(object) as Box<dyn PooledClient>)
+            })
+        }
+    }
+
+    impl PooledClient for Object {
+        fn client(&self) -> &Client {
+            self
+        }
+
+        fn prepare_cached<'a>(
+            &'a self,
+            query: &'a str,
+            types: &'a [Type],
+        ) -> Option<BoxFuture<'a, Result<Statement, tokio_postgres::Error>>> {
+            Some(Box::pin(self.prepare_typed_cached(query, types)))
+        }
+
+        fn discard(self: Box<Self>) {
+            drop(Object::take(*self));
+        }
+    }
+}

@@ -1,0 +1,628 @@
+//! [`Store`] for tokio-postgres: every statement pipelined where the protocol allows, in
+//! one round trip per step.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio_postgres::Row;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+
+use super::PgStore;
+use super::conn::TxConn;
+use super::db::{self, Db, Sql};
+use super::tx::IdempotentTx;
+use crate::Error;
+use crate::admin::{MessageInfo, RecordInfo};
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::key::{RecordId, hex};
+use crate::engine::record::{
+    Claim, CommitError, Completion, InboxClaim, InboxRecord, InboxWrite, LeaseClaim, LeaseEnd,
+    NewRecord, RecordRow, StaleSummary, SweepBatch,
+};
+use crate::engine::shared_tx::SharedTx;
+use crate::store::{Store, migrations, sql};
+
+impl tokio_postgres::types::ToSql for RecordId {
+    fn to_sql(
+        &self,
+        _ty: &Type,
+        out: &mut bytes::BytesMut,
+    ) -> Result<tokio_postgres::types::IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        out.extend_from_slice(self.as_bytes());
+        Ok(tokio_postgres::types::IsNull::No)
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::UUID
+    }
+
+    tokio_postgres::types::to_sql_checked!();
+}
+
+impl PgStore {
+    fn db<'a>(&self, conn: &'a dyn super::PooledClient) -> Db<'a> {
+        Db::new(conn, self.prepared)
+    }
+
+    async fn checkout(&self) -> Result<Box<dyn super::PooledClient>, Error> {
+        self.pool.get().await.map_err(Error::Pool)
+    }
+
+    /// Runs one statement on a connection of its own and maps its rows.
+    async fn rows<T>(
+        &self,
+        sql: &'static Sql,
+        params: &[&(dyn ToSql + Sync)],
+        map: fn(&Row) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Vec<T>, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let statement = db.prepare(sql).await?;
+        let rows = db.query(&statement, params).await?;
+        Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+    }
+}
+
+/// The columns of [`sql::LOOKUP`]; the claim function returns the same, with `locked` and
+/// `found` before `body_key_id`.
+fn record_row(row: &Row, body_key_id: usize) -> Result<RecordRow, tokio_postgres::Error> {
+    Ok(RecordRow {
+        status: row.try_get(0)?,
+        headers: row.try_get(1)?,
+        body: row.try_get(2)?,
+        fingerprint: row.try_get(3)?,
+        expired: row.try_get(4)?,
+        state: row.try_get(5)?,
+        retryable: row.try_get(6)?,
+        lease_left: row.try_get(7)?,
+        expires_in: row.try_get(8)?,
+        body_key_id: row.try_get(body_key_id)?,
+    })
+}
+
+fn lock_timeout(wait: Duration) -> String {
+    format!("{}ms", wait.as_millis().max(1))
+}
+
+impl Store for PgStore {
+    type Conn = TxConn;
+    type Handle = IdempotentTx;
+
+    const DRIVER: &'static str = "tokio-postgres";
+
+    fn set_prepared_statements(&mut self, enabled: bool) {
+        self.prepared = enabled;
+    }
+
+    async fn migrate(&self) -> Result<(), Error> {
+        // Safe behind a transaction-pooling PgBouncer, whatever the prepared-statement
+        // setting: everything runs in one transaction (so on one server connection), and
+        // only as simple queries and unnamed typed statements — nothing prepared survives
+        // the transaction.
+        let conn = self.checkout().await?;
+        let conn = TxConn::new(conn, false);
+        let client = conn.client();
+        client.batch_execute("BEGIN").await?;
+        client
+            .execute_typed(
+                sql::MIGRATION_LOCK,
+                &[(&migrations::MIGRATION_LOCK, Type::INT8)],
+            )
+            .await?;
+        client.batch_execute(sql::CREATE_MIGRATIONS_TABLE).await?;
+        let current: i32 = client
+            .query_typed_one(sql::SCHEMA_VERSION, &[])
+            .await?
+            .get(0);
+        for migration in migrations::pending(current)? {
+            client.batch_execute(migration.sql).await?;
+            client
+                .execute_typed(
+                    sql::RECORD_MIGRATION,
+                    &[
+                        (&migration.version, Type::INT4),
+                        (&migration.name, Type::TEXT),
+                    ],
+                )
+                .await?;
+            tracing::info!(
+                version = migration.version,
+                name = migration.name,
+                "applied migration"
+            );
+        }
+        client.batch_execute("COMMIT").await?;
+        let mut conn = conn;
+        conn.mark_ended();
+        Ok(())
+    }
+
+    /// By default, `BEGIN` and one call of the claim function are pipelined. With `wait`,
+    /// the lock is awaited (bounded by a transaction-local `lock_timeout`, reset before the
+    /// handler runs) and the lookup runs as a statement of its own after it.
+    async fn claim(
+        &self,
+        id: RecordId,
+        fingerprint: Fingerprint,
+        wait: Option<Duration>,
+    ) -> Result<(Claim, TxConn), Error> {
+        let conn = TxConn::new(self.checkout().await?, self.prepared);
+        let db = self.db(conn.pooled());
+        let client = db.client();
+        let lock_key = id.lock_key();
+        let Some(wait) = wait else {
+            let claim = db.prepare(&db::CLAIM).await?;
+            let params: [&(dyn ToSql + Sync); 2] = [&id, &lock_key];
+            let (begin, row) =
+                tokio::join!(biased; client.batch_execute("BEGIN"), db.query_one(&claim, &params));
+            begin?;
+            let row = row?;
+            let locked: bool = row.try_get(9)?;
+            let found: bool = row.try_get(10)?;
+            let found = if found {
+                Some(record_row(&row, 11)?)
+            } else {
+                None
+            };
+            return Ok((Claim::decide(locked, found, fingerprint), conn));
+        };
+        let lookup = db.prepare(&db::LOOKUP).await?;
+        let set_timeout = db.prepare(&db::SET_LOCK_TIMEOUT).await?;
+        let lock = db.prepare(&db::WAIT_LOCK).await?;
+        let timeout = lock_timeout(wait);
+        let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+        let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
+        let (begin, timeout_set, locked, reset, found) = tokio::join!(
+            biased;
+            client.batch_execute("BEGIN"),
+            db.query_one(&set_timeout, &timeout_params),
+            db.query_one(&lock, &lock_params),
+            client.batch_execute(sql::RESET_LOCK_TIMEOUT),
+            db.query_opt(&lookup, &lookup_params),
+        );
+        begin?;
+        timeout_set?;
+        match locked {
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                return Ok((Claim::InFlight, conn));
+            }
+            locked => locked?,
+        };
+        reset?;
+        let found = found?.map(|row| record_row(&row, 9)).transpose()?;
+        Ok((Claim::decide(true, found, fingerprint), conn))
+    }
+
+    /// One round trip: (rollback and re-lock, for a stored 4xx whose writes are
+    /// discarded), (delete the record being replaced), insert and COMMIT are pipelined. If
+    /// any of them fails, PostgreSQL turns the COMMIT into a ROLLBACK, so the handler's
+    /// writes never commit without their record.
+    async fn commit(
+        conn: &mut TxConn,
+        record: &NewRecord<'_>,
+        completion: Completion,
+    ) -> Result<(), CommitError> {
+        let prepared = conn.prepared();
+        let db = Db::new(conn.pooled(), prepared);
+        let client = db.client();
+        let failed = |e| CommitError::Failed(Error::Postgres(e));
+        let insert = db.prepare(&db::INSERT).await.map_err(failed)?;
+        // After a rollback the transaction starts afresh, so look for a replaceable record
+        // again.
+        let delete = if completion.replaces || completion.discard_handler_writes.is_some() {
+            Some(db.prepare(&db::DELETE_REPLACEABLE).await.map_err(failed)?)
+        } else {
+            None
+        };
+        let relock = match completion.discard_handler_writes {
+            Some(timeout) => Some((
+                db.prepare(&db::SET_LOCK_TIMEOUT).await.map_err(failed)?,
+                db.prepare(&db::WAIT_LOCK).await.map_err(failed)?,
+                lock_timeout(timeout),
+            )),
+            None => None,
+        };
+        let lock_key = record.id.lock_key();
+        let status = record.status.as_u16() as i16;
+        let ttl = record.ttl.as_secs_f64();
+        let fingerprint = &record.fingerprint.0[..];
+        let body = &*record.body.bytes;
+        let insert_params: [&(dyn ToSql + Sync); 9] = [
+            &record.id,
+            &record.scope,
+            &record.raw_key,
+            &fingerprint,
+            &status,
+            &record.headers,
+            &body,
+            &record.body.key_id,
+            &ttl,
+        ];
+        let (relocked, deleted, inserted, committed) = tokio::join!(
+            biased;
+            async {
+                let Some((set_timeout, lock, timeout)) = &relock else {
+                    return Ok(());
+                };
+                // Discard the handler's writes, then take the key again in a new
+                // transaction; if another request got in between, the insert below meets
+                // its record.
+                let timeout_params: [&(dyn ToSql + Sync); 1] = [timeout];
+                let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+                let (rolled_back, begun, timeout_set, locked, reset) = tokio::join!(
+                    biased;
+                    client.batch_execute("ROLLBACK"),
+                    client.batch_execute("BEGIN"),
+                    db.query_one(set_timeout, &timeout_params),
+                    db.query_one(lock, &lock_params),
+                    client.batch_execute(sql::RESET_LOCK_TIMEOUT),
+                );
+                rolled_back?;
+                begun?;
+                timeout_set?;
+                locked?;
+                reset
+            },
+            async {
+                match &delete {
+                    Some(delete) => db.execute(delete, &[&record.id]).await.map(drop),
+                    None => Ok(()),
+                }
+            },
+            db.execute(&insert, &insert_params),
+            client.batch_execute("COMMIT"),
+        );
+        relocked.map_err(failed)?;
+        deleted.map_err(failed)?;
+        match inserted {
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                // The COMMIT after the failed insert was a ROLLBACK.
+                conn.mark_ended();
+                return Err(CommitError::Conflict);
+            }
+            inserted => inserted.map_err(failed)?,
+        };
+        committed.map_err(failed)?;
+        conn.mark_ended();
+        Ok(())
+    }
+
+    async fn rollback(conn: TxConn) {
+        conn.rollback().await;
+    }
+
+    async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let lookup = db.prepare(&db::LOOKUP).await?;
+        let row = db.query_opt(&lookup, &[&id]).await?;
+        Ok(row.map(|row| record_row(&row, 9)).transpose()?)
+    }
+
+    /// Commits the PROCESSING record (autocommit, one statement) and, pipelined in the same
+    /// round trip, reads the record in case the key was not free.
+    async fn lease_acquire(
+        &self,
+        record: &NewRecord<'_>,
+        lease: Duration,
+    ) -> Result<LeaseClaim, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let acquire = db.prepare(&db::LEASE_ACQUIRE).await?;
+        let lookup = db.prepare(&db::LOOKUP).await?;
+        let fingerprint = &record.fingerprint.0[..];
+        let (lease, ttl) = (lease.as_secs_f64(), record.ttl.as_secs_f64());
+        let acquire_params: [&(dyn ToSql + Sync); 6] = [
+            &record.id,
+            &record.scope,
+            &record.raw_key,
+            &fingerprint,
+            &lease,
+            &ttl,
+        ];
+        let lookup_params: [&(dyn ToSql + Sync); 1] = [&record.id];
+        let (acquired, found) = tokio::join!(
+            biased;
+            db.query_opt(&acquire, &acquire_params),
+            db.query_opt(&lookup, &lookup_params),
+        );
+        if let Some(row) = acquired? {
+            return Ok(LeaseClaim::Acquired {
+                token: row.try_get(0)?,
+                // An upsert that updated leaves its transaction in the row's `xmax`; a
+                // fresh insert leaves 0.
+                took_over: row.try_get(1)?,
+            });
+        }
+        let found = found?.map(|row| record_row(&row, 9)).transpose()?;
+        Ok(LeaseClaim::not_acquired(found, record.fingerprint))
+    }
+
+    async fn lease_complete(
+        &self,
+        record: &NewRecord<'_>,
+        token: i64,
+        end: LeaseEnd,
+    ) -> Result<bool, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let complete = db.prepare(&db::LEASE_COMPLETE).await?;
+        let (state, retryable) = (end.state(), end.retryable());
+        let status = record.status.as_u16() as i16;
+        let ttl = record.ttl.as_secs_f64();
+        let body = &*record.body.bytes;
+        let params: [&(dyn ToSql + Sync); 9] = [
+            &record.id,
+            &token,
+            &state,
+            &retryable,
+            &status,
+            &record.headers,
+            &body,
+            &record.body.key_id,
+            &ttl,
+        ];
+        Ok(db.execute(&complete, &params).await? == 1)
+    }
+
+    /// One round trip once prepared.
+    async fn inbox_claim(
+        &self,
+        id: RecordId,
+        group: &str,
+        message_id: &str,
+        wait: Duration,
+    ) -> Result<InboxClaim<TxConn>, Error> {
+        let conn = TxConn::new(self.checkout().await?, self.prepared);
+        let db = self.db(conn.pooled());
+        let client = db.client();
+        let set_timeout = db.prepare(&db::SET_LOCK_TIMEOUT).await?;
+        let lock = db.prepare(&db::WAIT_LOCK).await?;
+        let lookup = db.prepare(&db::INBOX_LOOKUP).await?;
+        let timeout = lock_timeout(wait);
+        let lock_key = id.lock_key();
+        let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+        let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
+        let (begin, timeout_set, locked, reset, found) = tokio::join!(
+            biased;
+            client.batch_execute("BEGIN"),
+            db.query_one(&set_timeout, &timeout_params),
+            db.query_one(&lock, &lock_params),
+            client.batch_execute(sql::RESET_LOCK_TIMEOUT),
+            db.query_opt(&lookup, &lookup_params),
+        );
+        begin?;
+        timeout_set?;
+        match locked {
+            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+                return Ok(InboxClaim::Busy);
+            }
+            locked => locked?,
+        };
+        reset?;
+        let record = match found? {
+            Some(row) => Some(InboxRecord {
+                succeeded: row.try_get(0)?,
+                attempts: row.try_get(1)?,
+                last_error: row.try_get(2)?,
+                live: row.try_get(3)?,
+                payload_digest: row.try_get(4)?,
+            }),
+            None => None,
+        };
+        Ok(InboxClaim::Locked(conn, record))
+    }
+
+    /// Pipelined in one round trip.
+    async fn inbox_commit(
+        conn: &mut TxConn,
+        write: &InboxWrite<'_>,
+        attempts: i32,
+    ) -> Result<(), Error> {
+        let db = Db::new(conn.pooled(), conn.prepared());
+        let statement = db.prepare(&db::INBOX_RECORD_SUCCESS).await?;
+        let retention = write.retention.as_secs_f64();
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &write.group,
+            &write.message_id,
+            &attempts,
+            &write.payload_digest,
+            &write.payload,
+            &write.payload_key_id,
+            &retention,
+        ];
+        let (written, committed) = tokio::join!(
+            biased;
+            db.execute(&statement, &params),
+            db.client().batch_execute("COMMIT"),
+        );
+        written?;
+        committed?;
+        conn.mark_ended();
+        Ok(())
+    }
+
+    async fn inbox_record_failure(
+        &self,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
+        let retention = write.retention.as_secs_f64();
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &write.group,
+            &write.message_id,
+            &write.payload_digest,
+            &write.payload,
+            &write.payload_key_id,
+            &error,
+            &retention,
+        ];
+        let row = db.query_opt(&statement, &params).await?;
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
+    }
+
+    async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let affected = match batch {
+            SweepBatch::PurgeRecords(r) | SweepBatch::PurgeMessages(r) => {
+                let sql = match batch {
+                    SweepBatch::PurgeRecords(_) => &db::PURGE_RECORDS,
+                    _ => &db::PURGE_MESSAGES,
+                };
+                let success = r.success_grace.as_secs_f64();
+                let failure = r.failure_retention.as_secs_f64();
+                let earliest = success.min(failure);
+                let statement = db.prepare(sql).await?;
+                db.execute(&statement, &[&success, &failure, &earliest, &r.limit])
+                    .await?
+            }
+            SweepBatch::MarkStaleFailed { after, limit } => {
+                let statement = db.prepare(&db::MARK_STALE_FAILED).await?;
+                db.execute(&statement, &[&after.as_secs_f64(), &limit])
+                    .await?
+            }
+        };
+        Ok(affected)
+    }
+
+    async fn stale_summary(&self) -> Result<StaleSummary, Error> {
+        let mut rows = self
+            .rows(&db::STALE_SUMMARY, &[], |row| {
+                Ok(StaleSummary {
+                    count: row.try_get(0)?,
+                    oldest_seconds: row.try_get(1)?,
+                })
+            })
+            .await?;
+        Ok(rows.pop().unwrap_or(StaleSummary {
+            count: 0,
+            oldest_seconds: None,
+        }))
+    }
+
+    async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
+        self.rows(&db::STALE_IDS, &[&limit], |row| row.try_get(0))
+            .await
+    }
+
+    async fn record_info(&self, id: RecordId) -> Result<Option<RecordInfo>, Error> {
+        Ok(self
+            .rows(&db::ADMIN_RECORD, &[&id], record_info)
+            .await?
+            .pop())
+    }
+
+    async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
+        self.rows(&db::ADMIN_STALE, &[&limit], record_info).await
+    }
+
+    async fn message_info(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> Result<Option<MessageInfo>, Error> {
+        Ok(self
+            .rows(&db::ADMIN_MESSAGE, &[&group, &message_id], message_info)
+            .await?
+            .pop())
+    }
+
+    async fn failed_messages(&self, group: &str, limit: i64) -> Result<Vec<MessageInfo>, Error> {
+        self.rows(&db::ADMIN_FAILED_MESSAGES, &[&group, &limit], message_info)
+            .await
+    }
+
+    fn handle(shared: &Arc<SharedTx<TxConn>>) -> IdempotentTx {
+        IdempotentTx::new(shared.count_handle())
+    }
+}
+
+fn record_info(row: &Row) -> Result<RecordInfo, tokio_postgres::Error> {
+    let id: &[u8] = row.try_get(0)?;
+    let status: i16 = row.try_get(5)?;
+    let fingerprint: &[u8] = row.try_get(6)?;
+    let response_bytes: i64 = row.try_get(12)?;
+    Ok(RecordInfo {
+        id: hex(id),
+        scope: row.try_get(1)?,
+        key: row.try_get(2)?,
+        state: row.try_get(3)?,
+        retryable: row.try_get(4)?,
+        status: u16::try_from(status).unwrap_or(0),
+        fingerprint: hex(fingerprint),
+        fencing_token: row.try_get(7)?,
+        created_at: row.try_get::<_, SystemTime>(8)?,
+        updated_at: row.try_get(9)?,
+        expires_at: row.try_get(10)?,
+        locked_until: row.try_get(11)?,
+        response_bytes: usize::try_from(response_bytes).unwrap_or(usize::MAX),
+    })
+}
+
+fn message_info(row: &Row) -> Result<MessageInfo, tokio_postgres::Error> {
+    let attempts: i32 = row.try_get(3)?;
+    let digest: Option<&[u8]> = row.try_get(5)?;
+    Ok(MessageInfo {
+        consumer_group: row.try_get(0)?,
+        message_id: row.try_get(1)?,
+        status: row.try_get(2)?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        last_error: row.try_get(4)?,
+        payload_digest: digest.map(hex),
+        created_at: row.try_get(6)?,
+        updated_at: row.try_get(7)?,
+        expires_at: row.try_get(8)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every statement's declared parameter types are the ones PostgreSQL infers from its
+    /// text, so running it unprepared with those types (`prepared_statements(false)`) means
+    /// exactly what preparing it means. Needs the database named by `DATABASE_URL`.
+    #[cfg(feature = "deadpool")]
+    #[tokio::test]
+    async fn sql_types_match_the_server() {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let schema = format!("axi_sql_types_{}", std::process::id());
+        let mut config: tokio_postgres::Config = url.parse().unwrap();
+        config.options(format!("-c search_path={schema}"));
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+            ))
+            .await
+            .unwrap();
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(1)
+            .build()
+            .unwrap();
+        crate::migrate(&pool).await.unwrap();
+        pool.close();
+
+        let mut checked = 0;
+        for sql in db::STATEMENTS {
+            let inferred = client.prepare(sql.text).await.unwrap();
+            assert_eq!(inferred.params(), sql.types, "{}", sql.text);
+            checked += 1;
+        }
+        assert_eq!(checked, 20);
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
+}

@@ -1,0 +1,188 @@
+//! The statement texts, shared by the drivers: each driver binds the same parameters in
+//! the same order (the tokio-postgres driver also declares their types, for running them
+//! unprepared). Tables are used without a schema qualifier, so they live in the first
+//! schema of the connections' `search_path`.
+
+/// The default claim (migrations 0004 and 0005): a completed record is returned without
+/// taking the lock (it never changes); otherwise the key's transaction-scoped advisory lock
+/// is tried and the record read again in a fresh READ COMMITTED snapshot. `$1` record id,
+/// `$2` lock key. Columns as [`LOOKUP`], then `locked`, `found`.
+pub(crate) const CLAIM: &str = "SELECT * FROM axum_idempotency_claim_v2($1, $2)";
+/// Waits for the key's lock; bounded by [`SET_LOCK_TIMEOUT`]. `$1` lock key.
+pub(crate) const WAIT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)::text";
+/// A transaction-local `lock_timeout`. `$1` e.g. `250ms`.
+pub(crate) const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
+/// The wait's lock timeout must not apply to the handler's own statements.
+pub(crate) const RESET_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout TO DEFAULT";
+/// A record's claim columns. `$1` record id.
+pub(crate) const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= now(), \
+    state, retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
+    extract(epoch FROM expires_at - now())::float8, body_key_id \
+    FROM idempotency_records WHERE id = $1";
+/// Removes a record the claim found replaceable (expired, an abandoned lease, a retryable
+/// failure), under the key's lock. `$1` record id.
+pub(crate) const DELETE_REPLACEABLE: &str = "DELETE FROM idempotency_records WHERE id = $1 \
+    AND (expires_at <= now() OR (state = 'PROCESSING' AND locked_until <= now()) \
+         OR (state = 'FAILED' AND retryable))";
+/// The record written with the handler's work. `$1` id, `$2` scope, `$3` raw key, `$4`
+/// fingerprint, `$5` status, `$6` headers, `$7` body, `$8` body key id, `$9` ttl seconds.
+pub(crate) const INSERT: &str = "INSERT INTO idempotency_records \
+    (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, expires_at) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9))";
+
+/// Lease mode: take the key by committing a PROCESSING record, or take over one whose
+/// holder's lease ran out (or that failed retryably), with a higher fencing token. `$1` id,
+/// `$2` scope, `$3` raw key, `$4` fingerprint, `$5` lease seconds, `$6` ttl seconds.
+pub(crate) const LEASE_ACQUIRE: &str = "INSERT INTO idempotency_records AS r \
+    (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
+     status, headers, body, expires_at) \
+    VALUES ($1, $2, $3, $4, 'PROCESSING', nextval('idempotency_fencing_tokens'), \
+            now() + make_interval(secs => $5), 0, '', '', now() + make_interval(secs => $6)) \
+    ON CONFLICT (id) DO UPDATE SET \
+        state = 'PROCESSING', retryable = false, \
+        fencing_token = GREATEST(r.fencing_token + 1, EXCLUDED.fencing_token), \
+        locked_until = EXCLUDED.locked_until, scope = EXCLUDED.scope, \
+        idempotency_key = EXCLUDED.idempotency_key, fingerprint = EXCLUDED.fingerprint, \
+        status = 0, headers = '', body = '', body_key_id = NULL, updated_at = now(), \
+        created_at = CASE WHEN r.expires_at <= now() THEN now() ELSE r.created_at END, \
+        expires_at = EXCLUDED.expires_at \
+    WHERE r.expires_at <= now() \
+       OR (r.fingerprint = EXCLUDED.fingerprint \
+           AND ((r.state = 'PROCESSING' AND r.locked_until <= now()) \
+                OR (r.state = 'FAILED' AND r.retryable))) \
+    RETURNING fencing_token, xmax <> '0'::xid";
+
+/// Lease mode: the holder's completion, fenced by its token. `$1` id, `$2` token, `$3`
+/// state, `$4` retryable, `$5` status, `$6` headers, `$7` body, `$8` body key id, `$9` ttl.
+pub(crate) const LEASE_COMPLETE: &str = "UPDATE idempotency_records SET \
+    state = $3, retryable = $4, status = $5, headers = $6, body = $7, body_key_id = $8, \
+    locked_until = NULL, updated_at = now(), expires_at = now() + make_interval(secs => $9) \
+    WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING'";
+
+/// An inbox record under its lock. `$1` group, `$2` message id.
+pub(crate) const INBOX_LOOKUP: &str = "SELECT status = 'SUCCESS', attempts, last_error, \
+    expires_at > now(), payload_digest FROM inbox_messages \
+    WHERE consumer_group = $1 AND message_id = $2";
+/// Records success with the consumer's work. An upsert, so that a FAILED or expired row
+/// (which a concurrent sweep may delete at any moment) is replaced, and the record is
+/// always written when the work commits. `$1` group, `$2` message id, `$3` attempts, `$4`
+/// digest, `$5` payload, `$6` payload key id, `$7` retention seconds.
+pub(crate) const INBOX_RECORD_SUCCESS: &str = "INSERT INTO inbox_messages AS m \
+    (consumer_group, message_id, status, attempts, payload_digest, payload, payload_key_id, \
+     expires_at) \
+    VALUES ($1, $2, 'SUCCESS', $3, $4, $5, $6, now() + make_interval(secs => $7)) \
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
+        status = 'SUCCESS', attempts = EXCLUDED.attempts, \
+        payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
+        payload_key_id = EXCLUDED.payload_key_id, \
+        last_error = NULL, updated_at = now(), expires_at = EXCLUDED.expires_at";
+/// A failed attempt. `$1` group, `$2` message id, `$3` digest, `$4` payload, `$5` payload
+/// key id, `$6` error, `$7` retention seconds.
+pub(crate) const INBOX_RECORD_FAILURE: &str = "INSERT INTO inbox_messages AS m \
+    (consumer_group, message_id, status, attempts, payload_digest, payload, payload_key_id, \
+     last_error, expires_at) \
+    VALUES ($1, $2, 'FAILED', 1, $3, $4, $5, $6, now() + make_interval(secs => $7)) \
+    ON CONFLICT (consumer_group, message_id) DO UPDATE SET \
+        status = 'FAILED', \
+        attempts = CASE WHEN m.status = 'SUCCESS' OR m.expires_at <= now() \
+                        THEN 1 ELSE m.attempts + 1 END, \
+        payload_digest = EXCLUDED.payload_digest, payload = EXCLUDED.payload, \
+        payload_key_id = EXCLUDED.payload_key_id, \
+        last_error = EXCLUDED.last_error, updated_at = now(), expires_at = EXCLUDED.expires_at \
+    WHERE m.status = 'FAILED' OR m.expires_at <= now() \
+    RETURNING attempts";
+
+/// Expired records past their state's retention. `$1` success grace, `$2` failure retention
+/// (seconds), `$3` the smaller of the two (lets the `expires_at` index narrow the scan),
+/// `$4` batch size. A PROCESSING record goes only once its lease has lapsed too, and is kept
+/// as long as a failure: it is an attempt that never finished.
+pub(crate) const PURGE_RECORDS: &str = "DELETE FROM idempotency_records WHERE id IN ( \
+    SELECT id FROM idempotency_records \
+    WHERE expires_at <= now() - make_interval(secs => $3) \
+      AND CASE state \
+          WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
+          ELSE expires_at <= now() - make_interval(secs => $2) \
+               AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= now()) \
+          END \
+    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+/// Expired inbox records, with the same parameters as [`PURGE_RECORDS`].
+pub(crate) const PURGE_MESSAGES: &str = "DELETE FROM inbox_messages \
+    WHERE (consumer_group, message_id) IN ( \
+    SELECT consumer_group, message_id FROM inbox_messages \
+    WHERE expires_at <= now() - make_interval(secs => $3) \
+      AND CASE status \
+          WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
+          ELSE expires_at <= now() - make_interval(secs => $2) \
+          END \
+    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+/// Count of PROCESSING records past their lease, and seconds since the oldest lease ended.
+pub(crate) const STALE_SUMMARY: &str = "SELECT count(*), \
+    extract(epoch FROM now() - min(locked_until))::float8 \
+    FROM idempotency_records WHERE state = 'PROCESSING' AND locked_until < now()";
+/// The ids of the stalest records, for the log. `$1` how many.
+pub(crate) const STALE_IDS: &str = "SELECT uuid_send(id) FROM idempotency_records \
+    WHERE state = 'PROCESSING' AND locked_until < now() \
+    ORDER BY locked_until LIMIT $1";
+/// Marks records whose lease ended more than `$1` seconds ago FAILED and retryable, `$2` at
+/// a time. A holder that comes back later finds its fenced completion refused.
+pub(crate) const MARK_STALE_FAILED: &str = "UPDATE idempotency_records \
+    SET state = 'FAILED', retryable = true, locked_until = NULL, updated_at = now() \
+    WHERE state = 'PROCESSING' AND id IN ( \
+    SELECT id FROM idempotency_records \
+    WHERE state = 'PROCESSING' AND locked_until < now() - make_interval(secs => $1) \
+    LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// A `SELECT` of every [`RecordInfo`](crate::RecordInfo) column, followed by `$clause`.
+macro_rules! select_record {
+    ($clause:literal) => {
+        concat!(
+            "SELECT uuid_send(id), scope, idempotency_key, state, retryable, status, \
+             fingerprint, fencing_token, created_at, updated_at, expires_at, locked_until, \
+             (octet_length(headers) + octet_length(body))::bigint \
+             FROM idempotency_records ",
+            $clause
+        )
+    };
+}
+
+/// A `SELECT` of every [`MessageInfo`](crate::MessageInfo) column, followed by `$clause`.
+macro_rules! select_message {
+    ($clause:literal) => {
+        concat!(
+            "SELECT consumer_group, message_id, status, attempts, last_error, payload_digest, \
+             created_at, updated_at, expires_at FROM inbox_messages ",
+            $clause
+        )
+    };
+}
+
+/// Admin: a record by id. `$1` record id.
+pub(crate) const ADMIN_RECORD: &str = select_record!("WHERE id = $1");
+/// Admin: stale leases. `$1` limit.
+pub(crate) const ADMIN_STALE: &str = select_record!(
+    "WHERE state = 'PROCESSING' AND locked_until < now() ORDER BY locked_until, id LIMIT $1"
+);
+/// Admin: one message. `$1` group, `$2` message id.
+pub(crate) const ADMIN_MESSAGE: &str =
+    select_message!("WHERE consumer_group = $1 AND message_id = $2");
+/// Admin: a group's failed messages. `$1` group, `$2` limit.
+pub(crate) const ADMIN_FAILED_MESSAGES: &str = select_message!(
+    "WHERE consumer_group = $1 AND status = 'FAILED' \
+     ORDER BY updated_at DESC, message_id LIMIT $2"
+);
+
+/// The table of applied migration versions.
+pub(crate) const CREATE_MIGRATIONS_TABLE: &str =
+    "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (
+        version    integer     PRIMARY KEY,
+        name       text        NOT NULL,
+        applied_at timestamptz NOT NULL DEFAULT now()
+    )";
+/// Serialises concurrent `migrate` calls. `$1` [`MIGRATION_LOCK`](super::migrations::MIGRATION_LOCK).
+pub(crate) const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+/// The highest applied version (0 for none).
+pub(crate) const SCHEMA_VERSION: &str =
+    "SELECT coalesce(max(version), 0) FROM axum_idempotency_migrations";
+/// Records an applied version. `$1` version, `$2` name.
+pub(crate) const RECORD_MIGRATION: &str =
+    "INSERT INTO axum_idempotency_migrations (version, name) VALUES ($1, $2)";
