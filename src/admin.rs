@@ -208,3 +208,12 @@ impl<D: Store> Admin<D> {
         Sweeper::new(self.store.clone()).run_once().await
     }
 }
+
+/// A time the database sent as seconds since the Unix epoch.
+pub(crate) fn epoch(seconds: f64) -> SystemTime {
+    match std::time::Duration::try_from_secs_f64(seconds.abs()) {
+        Ok(offset) if seconds >= 0.0 => SystemTime::UNIX_EPOCH + offset,
+        Ok(offset) => SystemTime::UNIX_EPOCH - offset,
+        Err(_) => SystemTime::UNIX_EPOCH,
+    }
+}

@@ -13,8 +13,12 @@ pub enum Error {
     /// No connection could be checked out of the pool (the pool's own error: a
     /// `deadpool_postgres::PoolError`, a `bb8::RunError`, ...).
     Pool(Box<dyn std::error::Error + Send + Sync>),
-    /// PostgreSQL (or the connection to it) reported an error.
+    /// PostgreSQL (or the connection to it) reported an error, through tokio-postgres.
     Postgres(tokio_postgres::Error),
+    /// PostgreSQL (or the connection to it, or sqlx's pool) reported an error, through
+    /// sqlx (feature `sqlx`).
+    #[cfg(feature = "sqlx")]
+    Sqlx(::sqlx::Error),
     /// The transaction this handle belonged to has already been committed or rolled back —
     /// typically a handle moved into a task that outlived its handler.
     TransactionEnded,
@@ -48,6 +52,14 @@ impl Error {
                     return Some(code.clone());
                 }
             }
+            #[cfg(feature = "sqlx")]
+            if let Some(code) = error
+                .downcast_ref::<::sqlx::Error>()
+                .and_then(::sqlx::Error::as_database_error)
+                .and_then(|e| e.code())
+            {
+                return Some(tokio_postgres::error::SqlState::from_code(&code));
+            }
             source = error.source();
         }
         None
@@ -59,6 +71,8 @@ impl fmt::Display for Error {
         match self {
             Self::Pool(_) => f.write_str("could not check out a database connection"),
             Self::Postgres(_) => f.write_str("database error"),
+            #[cfg(feature = "sqlx")]
+            Self::Sqlx(_) => f.write_str("database error"),
             Self::TransactionEnded => f.write_str(
                 "the idempotent transaction has already ended; \
                  an IdempotentTx must not outlive its handler",
@@ -83,6 +97,8 @@ impl std::error::Error for Error {
         match self {
             Self::Pool(e) => Some(&**e),
             Self::Postgres(e) => Some(e),
+            #[cfg(feature = "sqlx")]
+            Self::Sqlx(e) => Some(e),
             Self::InvalidKey(e) => Some(e),
             Self::Encryption(e) => Some(e),
             _ => None,
@@ -100,5 +116,12 @@ impl From<tokio_postgres::Error> for Error {
 impl From<deadpool_postgres::PoolError> for Error {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         Self::Pool(Box::new(e))
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl From<::sqlx::Error> for Error {
+    fn from(e: ::sqlx::Error) -> Self {
+        Self::Sqlx(e)
     }
 }

@@ -376,9 +376,8 @@ impl<D: Store> Inbox<D> {
 
         let shared = Arc::new(SharedTx::new(id));
         *shared.slot().await = Some(conn);
-        let result = AssertUnwindSafe(work(D::handle(&shared)))
-            .catch_unwind()
-            .await;
+        let handle = D::handle(&shared).expect("a fresh transaction has no other handle");
+        let result = AssertUnwindSafe(work(handle)).catch_unwind().await;
         let leaked = shared.live_handles() > 0;
         // A leaked handle may hold the transaction: it then rolls back when the handle
         // lets go of it.

@@ -10,6 +10,7 @@
 //! | `engine/` | driver-neutral: key parsing and record ids, fingerprints, the store policy ([`StoreDecision`]), the claim's outcomes and completion rules, the stored-response codec, encryption at rest, the in-process cache and the Redis front line, metrics. |
 //! | `store/` | the seam: the sealed [`Store`] trait every driver implements, [`IntoStore`] and [`migrate`], the statement texts the drivers share, the migration list. |
 //! | `postgres/` | the tokio-postgres driver: [`PgStore`](postgres::PgStore) over any [`ClientPool`](postgres::ClientPool) (deadpool, bb8, yours), [`IdempotentTx`]. |
+//! | `sqlx/` | the sqlx driver (feature `sqlx`): `SqlxStore` over an `sqlx::PgPool`, its own `IdempotentTx` that derefs to the transaction's `PgConnection`. |
 //! | `inbox.rs`, `sweeper.rs`, `admin.rs` | the [`Inbox`], the [`Sweeper`] and [`Admin`], written once against [`Store`]. |
 //!
 //! Every SQL statement lives under `store/` and the driver modules; `migrations/` holds
@@ -22,6 +23,9 @@ mod error;
 mod http;
 mod inbox;
 pub mod postgres;
+#[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+pub mod sqlx;
 mod store;
 mod sweeper;
 

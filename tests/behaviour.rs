@@ -15,16 +15,15 @@ use common::*;
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-fn app(db: &TestDb) -> (Router, Arc<Knobs>) {
+fn app<D: Driver>(db: &TestDb) -> (Router, Arc<Knobs>) {
     let knobs = Arc::new(Knobs::default());
-    let layer = scoped(IdempotencyLayer::new(db.pool.clone()));
+    let layer = scoped(IdempotencyLayer::new(D::pool(db)));
     (router(Arc::clone(&knobs), layer), knobs)
 }
 
-#[tokio::test]
-async fn first_request_commits_record_with_business_rows() {
+async fn first_request_commits_record_with_business_rows<D: Driver>() {
     let db = TestDb::new(4).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let answer = send(
         &app,
         post_json("/orders", Some("first-1"), &json!({"amount": 299})),
@@ -61,10 +60,9 @@ async fn first_request_commits_record_with_business_rows() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn retry_replays_the_stored_response_byte_for_byte() {
+async fn retry_replays_the_stored_response_byte_for_byte<D: Driver>() {
     let db = TestDb::new(4).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let first = send(
         &app,
         post_json(
@@ -102,10 +100,9 @@ async fn retry_replays_the_stored_response_byte_for_byte() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn same_key_with_another_payload_is_422() {
+async fn same_key_with_another_payload_is_422<D: Driver>() {
     let db = TestDb::new(4).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     send(
         &app,
         post_json("/orders", Some("reuse-1"), &json!({"amount": 299})),
@@ -124,8 +121,7 @@ async fn same_key_with_another_payload_is_422() {
     db.assert_settles().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn in_flight_duplicate_gets_409_with_retry_after() {
+async fn in_flight_duplicate_gets_409_with_retry_after<D: Driver>() {
     let db = TestDb::new(4).await;
     let gate = Arc::new(Semaphore::new(0));
     let knobs = Arc::new(Knobs {
@@ -134,7 +130,7 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
     });
     let app = router(
         Arc::clone(&knobs),
-        IdempotencyLayer::new(db.pool.clone()).retry_after(3),
+        IdempotencyLayer::new(D::pool(&db)).retry_after(3),
     );
     let body = json!({"amount": 5});
     let first = tokio::spawn({
@@ -160,15 +156,14 @@ async fn in_flight_duplicate_gets_409_with_retry_after() {
     db.assert_settles().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn in_flight_duplicate_can_wait_and_replay() {
+async fn in_flight_duplicate_can_wait_and_replay<D: Driver>() {
     let db = TestDb::new(4).await;
     let gate = Arc::new(Semaphore::new(0));
     let knobs = Arc::new(Knobs {
         gate: Some(Arc::clone(&gate)),
         ..Knobs::default()
     });
-    let layer = IdempotencyLayer::new(db.pool.clone()).wait_for_in_flight(Duration::from_secs(10));
+    let layer = IdempotencyLayer::new(D::pool(&db)).wait_for_in_flight(Duration::from_secs(10));
     let app = router(Arc::clone(&knobs), layer);
     let body = json!({"amount": 5, "show_lock_timeout": true});
     let first = tokio::spawn({
@@ -201,16 +196,14 @@ async fn in_flight_duplicate_can_wait_and_replay() {
     db.assert_settles().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bounded_wait_ends_in_409() {
+async fn bounded_wait_ends_in_409<D: Driver>() {
     let db = TestDb::new(4).await;
     let gate = Arc::new(Semaphore::new(0));
     let knobs = Arc::new(Knobs {
         gate: Some(Arc::clone(&gate)),
         ..Knobs::default()
     });
-    let layer =
-        IdempotencyLayer::new(db.pool.clone()).wait_for_in_flight(Duration::from_millis(200));
+    let layer = IdempotencyLayer::new(D::pool(&db)).wait_for_in_flight(Duration::from_millis(200));
     let app = router(Arc::clone(&knobs), layer);
     let body = json!({"amount": 5});
     let first = tokio::spawn({
@@ -226,10 +219,9 @@ async fn bounded_wait_ends_in_409() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn missing_key_is_400() {
+async fn missing_key_is_400<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let answer = send(&app, post_json("/orders", None, &json!({"amount": 1}))).await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
     assert_eq!(answer.problem_code(), "missing_key");
@@ -239,10 +231,9 @@ async fn missing_key_is_400() {
     assert_eq!(plain.status, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn malformed_keys_are_400_never_5xx() {
+async fn malformed_keys_are_400_never_5xx<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let long = "k".repeat(256);
     let cases: Vec<Vec<u8>> = vec![
         b"".to_vec(),
@@ -282,13 +273,12 @@ async fn malformed_keys_are_400_never_5xx() {
     assert_eq!(db.orders().await, 0);
 }
 
-#[tokio::test]
-async fn oversized_body_is_413_by_length_and_by_stream() {
+async fn oversized_body_is_413_by_length_and_by_stream<D: Driver>() {
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
     let app = router(
         Arc::clone(&knobs),
-        IdempotencyLayer::new(db.pool.clone()).body_limit(1024),
+        IdempotencyLayer::new(D::pool(&db)).body_limit(1024),
     );
     let big = format!(r#"{{"amount": 1, "pad": "{}"}}"#, "x".repeat(2000));
 
@@ -332,10 +322,9 @@ async fn oversized_body_is_413_by_length_and_by_stream() {
     assert_eq!(ok.status, StatusCode::CREATED);
 }
 
-#[tokio::test]
-async fn success_commits_and_stores() {
+async fn success_commits_and_stores<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     for (key, status) in [("ok-200", 200), ("ok-201", 201), ("ok-303", 303)] {
         let answer = send(
             &app,
@@ -356,10 +345,9 @@ async fn success_commits_and_stores() {
     assert_eq!(db.records().await, 3);
 }
 
-#[tokio::test]
-async fn deterministic_4xx_is_stored_but_its_writes_are_rolled_back() {
+async fn deterministic_4xx_is_stored_but_its_writes_are_rolled_back<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     for (key, status) in [("c-400", 400), ("c-404", 404), ("c-422", 422)] {
         let body = json!({"status": status});
         let answer = send(&app, post_json("/orders", Some(key), &body)).await;
@@ -383,10 +371,9 @@ async fn deterministic_4xx_is_stored_but_its_writes_are_rolled_back() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn retryable_failures_roll_back_and_store_nothing() {
+async fn retryable_failures_roll_back_and_store_nothing<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     for status in [500, 502, 503, 408, 409, 425, 429] {
         let key = format!("fail-{status}");
         let body = json!({"status": status});
@@ -405,10 +392,9 @@ async fn retryable_failures_roll_back_and_store_nothing() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn panicking_handler_rolls_back_and_the_retry_runs_again() {
+async fn panicking_handler_rolls_back_and_the_retry_runs_again<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let answer = send(
         &app,
         post_json("/orders", Some("panic-1"), &json!({"panic": true})),
@@ -433,10 +419,9 @@ async fn panicking_handler_rolls_back_and_the_retry_runs_again() {
     assert_eq!(ok.status, StatusCode::CREATED);
 }
 
-#[tokio::test]
-async fn failed_commit_is_503_stores_nothing_and_the_retry_runs() {
+async fn failed_commit_is_503_stores_nothing_and_the_retry_runs<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     knobs.fail_commit_once.store(true, Ordering::SeqCst);
     let body = json!({"amount": 10});
     let answer = send(&app, post_json("/orders", Some("commit-1"), &body)).await;
@@ -454,10 +439,9 @@ async fn failed_commit_is_503_stores_nothing_and_the_retry_runs() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn same_key_in_two_scopes_is_two_keys() {
+async fn same_key_in_two_scopes_is_two_keys<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let request = |user: &str, amount: i64| {
         let mut request = post_json("/orders", Some("shared-key"), &json!({"amount": amount}));
         request
@@ -485,10 +469,9 @@ async fn same_key_in_two_scopes_is_two_keys() {
     assert_eq!(db.records().await, 3);
 }
 
-#[tokio::test]
-async fn expired_record_is_treated_as_absent() {
+async fn expired_record_is_treated_as_absent<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let body = json!({"amount": 10});
     let first = send(&app, post_json("/orders", Some("old-1"), &body)).await;
     db.admin
@@ -510,11 +493,10 @@ async fn expired_record_is_treated_as_absent() {
     assert_eq!(replay.body, again.body);
 }
 
-#[tokio::test]
-async fn configured_ttl_sets_expiry_and_raw_key_is_opt_in() {
+async fn configured_ttl_sets_expiry_and_raw_key_is_opt_in<D: Driver>() {
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
-    let layer = IdempotencyLayer::new(db.pool.clone())
+    let layer = IdempotencyLayer::new(D::pool(&db))
         .ttl(Duration::from_secs(3600))
         .store_raw_key(true);
     let app = router(knobs, layer);
@@ -535,8 +517,7 @@ async fn configured_ttl_sets_expiry_and_raw_key_is_opt_in() {
     assert_eq!(row.get::<_, i64>(1), 3600);
 }
 
-#[tokio::test]
-async fn extractor_without_the_layer_is_a_500_that_names_the_layer() {
+async fn extractor_without_the_layer_is_a_500_that_names_the_layer<D: Driver>() {
     async fn handler(_tx: IdempotentTx, Json(_): Json<serde_json::Value>) -> StatusCode {
         StatusCode::CREATED
     }
@@ -552,10 +533,9 @@ async fn extractor_without_the_layer_is_a_500_that_names_the_layer() {
     );
 }
 
-#[tokio::test]
-async fn extractor_on_an_uncovered_method_is_a_500() {
+async fn extractor_on_an_uncovered_method_is_a_500<D: Driver>() {
     let db = TestDb::new(2).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let request = Request::get("/orders")
         .header("content-type", "application/json")
         .header("idempotency-key", "get-1")
@@ -567,10 +547,9 @@ async fn extractor_on_an_uncovered_method_is_a_500() {
     assert_eq!(knobs.calls(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sixty_four_concurrent_requests_with_one_key_execute_once() {
+async fn sixty_four_concurrent_requests_with_one_key_execute_once<D: Driver>() {
     let db = TestDb::new(16).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<D>(&db);
     let body = json!({"amount": 42});
     let start = Arc::new(tokio::sync::Barrier::new(64));
     let tasks: Vec<_> = (0..64)
@@ -631,11 +610,10 @@ async fn dead_database_is_503_and_keyless_requests_never_touch_it() {
     assert_eq!(plain.status, StatusCode::OK);
 }
 
-#[tokio::test]
-async fn custom_rejections_replace_the_problem_document() {
+async fn custom_rejections_replace_the_problem_document<D: Driver>() {
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
-    let layer = IdempotencyLayer::new(db.pool.clone()).on_rejection(|rejection| {
+    let layer = IdempotencyLayer::new(D::pool(&db)).on_rejection(|rejection| {
         let kind = rejection.kind();
         let body = format!("custom:{}", kind.code());
         let status = if kind == RejectionKind::MissingKey {
@@ -655,11 +633,10 @@ async fn custom_rejections_replace_the_problem_document() {
     assert_eq!(reused.body, "custom:key_reused");
 }
 
-#[tokio::test]
-async fn ignored_json_fields_do_not_change_the_fingerprint() {
+async fn ignored_json_fields_do_not_change_the_fingerprint<D: Driver>() {
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
-    let layer = IdempotencyLayer::new(db.pool.clone()).ignore_json_field("/sent_at");
+    let layer = IdempotencyLayer::new(D::pool(&db)).ignore_json_field("/sent_at");
     let app = router(Arc::clone(&knobs), layer);
     let first = send(
         &app,
@@ -697,7 +674,7 @@ async fn ignored_json_fields_do_not_change_the_fingerprint() {
 #[tokio::test]
 async fn handler_cannot_end_the_shared_transaction() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = app(&db);
+    let (app, knobs) = app::<Deadpool>(&db);
     let answer = send(
         &app,
         post_json("/orders", Some("tc-1"), &json!({"try_commit": true})),
@@ -711,11 +688,10 @@ async fn handler_cannot_end_the_shared_transaction() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn deadline_covers_handler_and_commit() {
+async fn deadline_covers_handler_and_commit<D: Driver>() {
     let db = TestDb::new(1).await;
     let knobs = Arc::new(Knobs::default());
-    let layer = IdempotencyLayer::new(db.pool.clone()).handler_timeout(Duration::from_millis(300));
+    let layer = IdempotencyLayer::new(D::pool(&db)).handler_timeout(Duration::from_millis(300));
     let app = router(Arc::clone(&knobs), layer);
     // A handler that never returns, and one whose response body never ends.
     for (key, body) in [
@@ -733,11 +709,10 @@ async fn deadline_covers_handler_and_commit() {
     assert_eq!(ok.status, StatusCode::CREATED);
 }
 
-#[tokio::test]
-async fn cached_replays_need_no_database_and_keep_every_check() {
+async fn cached_replays_need_no_database_and_keep_every_check<D: Driver>() {
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
-    let layer = scoped(IdempotencyLayer::new(db.pool.clone()))
+    let layer = scoped(IdempotencyLayer::new(D::pool(&db)))
         .cache_responses(1 << 20)
         .ttl(Duration::from_secs(2));
     let app = router(Arc::clone(&knobs), layer);
@@ -779,11 +754,10 @@ async fn cached_replays_need_no_database_and_keep_every_check() {
 /// commit while a request holds the key's lock and runs its handler (a record written by
 /// an instance that does not take the lock, or a race the claim did not see), the late
 /// request's writes roll back and it answers with the winner's response.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key() {
+async fn a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key<D: Driver>() {
     // The winner's record: the same request, answered in another schema.
     let winner = TestDb::new(2).await;
-    let (winner_app, _) = app(&winner);
+    let (winner_app, _) = app::<D>(&winner);
     let body = json!({"amount": 7});
     let first = send(
         &winner_app,
@@ -796,7 +770,7 @@ async fn a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key(
     let (knobs, gate) = gated();
     let late_app = router(
         Arc::clone(&knobs),
-        scoped(IdempotencyLayer::new(db.pool.clone())),
+        scoped(IdempotencyLayer::new(D::pool(&db))),
     );
     let late = tokio::spawn({
         let late_app = late_app.clone();
@@ -831,4 +805,57 @@ async fn a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key(
         "the late request's order was rolled back with its record"
     );
     db.assert_settles().await;
+}
+
+for_each_driver! {
+    #[tokio::test]
+    async first_request_commits_record_with_business_rows;
+    #[tokio::test]
+    async retry_replays_the_stored_response_byte_for_byte;
+    #[tokio::test]
+    async same_key_with_another_payload_is_422;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async in_flight_duplicate_gets_409_with_retry_after;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async in_flight_duplicate_can_wait_and_replay;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async bounded_wait_ends_in_409;
+    #[tokio::test]
+    async missing_key_is_400;
+    #[tokio::test]
+    async malformed_keys_are_400_never_5xx;
+    #[tokio::test]
+    async oversized_body_is_413_by_length_and_by_stream;
+    #[tokio::test]
+    async success_commits_and_stores;
+    #[tokio::test]
+    async deterministic_4xx_is_stored_but_its_writes_are_rolled_back;
+    #[tokio::test]
+    async retryable_failures_roll_back_and_store_nothing;
+    #[tokio::test]
+    async panicking_handler_rolls_back_and_the_retry_runs_again;
+    #[tokio::test]
+    async failed_commit_is_503_stores_nothing_and_the_retry_runs;
+    #[tokio::test]
+    async same_key_in_two_scopes_is_two_keys;
+    #[tokio::test]
+    async expired_record_is_treated_as_absent;
+    #[tokio::test]
+    async configured_ttl_sets_expiry_and_raw_key_is_opt_in;
+    #[tokio::test]
+    async extractor_without_the_layer_is_a_500_that_names_the_layer;
+    #[tokio::test]
+    async extractor_on_an_uncovered_method_is_a_500;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async sixty_four_concurrent_requests_with_one_key_execute_once;
+    #[tokio::test]
+    async custom_rejections_replace_the_problem_document;
+    #[tokio::test]
+    async ignored_json_fields_do_not_change_the_fingerprint;
+    #[tokio::test]
+    async deadline_covers_handler_and_commit;
+    #[tokio::test]
+    async cached_replays_need_no_database_and_keep_every_check;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key;
 }

@@ -30,11 +30,10 @@ fn raw_post(key: &str, body: &str) -> String {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_disconnect_mid_handler_still_commits_and_the_retry_replays() {
+async fn client_disconnect_mid_handler_still_commits_and_the_retry_replays<D: Driver>() {
     let db = TestDb::new(1).await;
     let (knobs, gate) = gated();
-    let app = router(Arc::clone(&knobs), IdempotencyLayer::new(db.pool.clone()));
+    let app = router(Arc::clone(&knobs), IdempotencyLayer::new(D::pool(&db)));
     let addr = serve(app.clone()).await;
 
     let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -69,11 +68,10 @@ async fn client_disconnect_mid_handler_still_commits_and_the_retry_replays() {
     db.assert_settles().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_disconnect_mid_handler_rolls_back_when_not_detached() {
+async fn client_disconnect_mid_handler_rolls_back_when_not_detached<D: Driver>() {
     let db = TestDb::new(1).await;
     let (knobs, gate) = gated();
-    let layer = IdempotencyLayer::new(db.pool.clone()).finish_on_disconnect(false);
+    let layer = IdempotencyLayer::new(D::pool(&db)).finish_on_disconnect(false);
     let app = router(Arc::clone(&knobs), layer);
     let addr = serve(app.clone()).await;
 
@@ -153,16 +151,16 @@ async fn warm_up(db: &TestDb, app: &Router) {
         .unwrap();
 }
 
-fn inline_app(db: &TestDb) -> (Router, Arc<Knobs>) {
+fn inline_app<D: Driver>(db: &TestDb) -> (Router, Arc<Knobs>, D::Pool) {
     let knobs = Arc::new(Knobs::default());
-    let layer = IdempotencyLayer::new(db.pool.clone()).finish_on_disconnect(false);
-    (router(Arc::clone(&knobs), layer), knobs)
+    let pool = D::pool(db);
+    let layer = IdempotencyLayer::new(pool.clone()).finish_on_disconnect(false);
+    (router(Arc::clone(&knobs), layer), knobs, pool)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_while_buffering_the_request_body() {
+async fn dropped_while_buffering_the_request_body<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = inline_app(&db);
+    let (app, knobs, pool) = inline_app::<D>(&db);
     let stream = futures_util::stream::once(async {
         Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"amount\":"))
     });
@@ -176,19 +174,14 @@ async fn dropped_while_buffering_the_request_body() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     task.abort();
     assert_eq!(knobs.calls(), 0);
-    assert_eq!(
-        db.pool.status().size - db.pool.status().available,
-        0,
-        "no connection taken"
-    );
+    assert_eq!(D::in_use(&pool), 0, "no connection taken");
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-body").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_while_waiting_for_a_pooled_connection() {
+async fn dropped_while_waiting_for_a_pooled_connection<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = inline_app(&db);
-    let held = db.pool.get().await.unwrap();
+    let (app, knobs, pool) = inline_app::<D>(&db);
+    let held = D::hold(&pool).await;
     let task = tokio::spawn(app.clone().oneshot(post_json(
         "/orders",
         Some("drop-pool"),
@@ -201,10 +194,9 @@ async fn dropped_while_waiting_for_a_pooled_connection() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-pool").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_during_the_claim_round_trip() {
+async fn dropped_during_the_claim_round_trip<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = inline_app(&db);
+    let (app, knobs, _pool) = inline_app::<D>(&db);
     warm_up(&db, &app).await;
     let calls = knobs.calls();
     // Hold the table so the claim (pipelined after BEGIN) blocks.
@@ -234,10 +226,9 @@ async fn dropped_during_the_claim_round_trip() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-claim").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_inside_the_handler() {
+async fn dropped_inside_the_handler<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = inline_app(&db);
+    let (app, knobs, _pool) = inline_app::<D>(&db);
     let task = tokio::spawn(app.clone().oneshot(post_json(
         "/orders",
         Some("drop-handler"),
@@ -251,10 +242,9 @@ async fn dropped_inside_the_handler() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-handler-retry").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_while_buffering_the_response() {
+async fn dropped_while_buffering_the_response<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = inline_app(&db);
+    let (app, knobs, _pool) = inline_app::<D>(&db);
     let task = tokio::spawn(app.clone().oneshot(post_json(
         "/orders",
         Some("drop-response"),
@@ -268,10 +258,9 @@ async fn dropped_while_buffering_the_response() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-response-retry").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_during_insert_and_commit() {
+async fn dropped_during_insert_and_commit<D: Driver>() {
     let db = TestDb::new(1).await;
-    let (app, knobs) = inline_app(&db);
+    let (app, knobs, _pool) = inline_app::<D>(&db);
     warm_up(&db, &app).await;
     // SHARE lets the lookup through but blocks the record's INSERT.
     let blocker = connect(&database_url()).await;
@@ -293,17 +282,22 @@ async fn dropped_during_insert_and_commit() {
     .await;
     task.abort();
     blocker.batch_execute("ROLLBACK").await.unwrap();
-    // INSERT and COMMIT were already on the wire: this one commits, and the retry replays.
     db.assert_settles().await;
-    assert_eq!((db.orders().await, db.records().await), (1, 1));
+    if D::PIPELINED {
+        // INSERT and COMMIT were already on the wire: this one commits, and the retry
+        // replays.
+        assert_eq!((db.orders().await, db.records().await), (1, 1));
+    } else {
+        // Only the INSERT was sent: the dropped transaction rolls back, and the retry runs.
+        assert_eq!((db.orders().await, db.records().await), (0, 0));
+    }
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-commit").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leaked_transaction_handle_fails_closed() {
+async fn leaked_transaction_handle_fails_closed<D: Driver>() {
     let db = TestDb::new(1).await;
     let knobs = Arc::new(Knobs::default());
-    let app = router(Arc::clone(&knobs), IdempotencyLayer::new(db.pool.clone()));
+    let app = router(Arc::clone(&knobs), IdempotencyLayer::new(D::pool(&db)));
     let answer = send(
         &app,
         post_json("/orders", Some("leak-1"), &json!({"leak": true})),
@@ -318,10 +312,18 @@ async fn leaked_transaction_handle_fails_closed() {
     })
     .await;
     let leaked = knobs.leaked_result.lock().await.clone().unwrap();
-    assert!(
-        leaked.contains("already ended"),
-        "leaked handle got: {leaked}"
-    );
+    if D::GUARDED {
+        assert!(
+            leaked.contains("already ended"),
+            "leaked handle got: {leaked}"
+        );
+    } else {
+        // An sqlx handle owns the connection until it is dropped: its statements run, in a
+        // transaction that never commits.
+        assert_eq!(leaked, "ok");
+        db.assert_settles().await;
+        assert_eq!((db.orders().await, db.records().await), (0, 0));
+    }
     // Nothing was stored, so the retry runs (and leaks) again.
     let again = send(
         &app,
@@ -330,4 +332,25 @@ async fn leaked_transaction_handle_fails_closed() {
     .await;
     assert_eq!(again.problem_code(), "transaction_leaked");
     assert_eq!(knobs.calls(), 2);
+}
+
+for_each_driver! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async client_disconnect_mid_handler_still_commits_and_the_retry_replays;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async client_disconnect_mid_handler_rolls_back_when_not_detached;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async dropped_while_buffering_the_request_body;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async dropped_while_waiting_for_a_pooled_connection;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async dropped_during_the_claim_round_trip;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async dropped_inside_the_handler;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async dropped_while_buffering_the_response;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async dropped_during_insert_and_commit;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async leaked_transaction_handle_fails_closed;
 }

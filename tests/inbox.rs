@@ -7,18 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum_idempotency::{Error, IdempotentTx, Inbox, InboxError, Outcome};
+use axum_idempotency::{Error, Inbox, InboxError, Outcome};
 use common::*;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-async fn grant(tx: &IdempotentTx, user: i64) -> Result<(), Error> {
-    tx.execute(
-        "INSERT INTO orders (user_id, amount) VALUES ($1, 50)",
-        &[&user],
-    )
-    .await
-    .map(drop)
+async fn grant(tx: &mut impl TestTx, user: i64) -> Result<(), Error> {
+    tx.insert_order(user, 50).await.map(drop)
 }
 
 async fn record(db: &TestDb, group: &str, id: &str) -> Option<tokio_postgres::Row> {
@@ -35,17 +30,16 @@ async fn record(db: &TestDb, group: &str, id: &str) -> Option<tokio_postgres::Ro
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_message_is_processed_once_and_its_redelivery_is_a_duplicate() {
+async fn a_message_is_processed_once_and_its_redelivery_is_a_duplicate<D: Driver>() {
     let db = TestDb::new(2).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     let runs = &AtomicUsize::new(0);
     let payload = br#"{"user_id":1001,"coupon_code":"NEW_USER_50"}"#;
     for expected in ["processed", "duplicate", "duplicate"] {
         let outcome = inbox
-            .process_payload("msg-001", payload, |tx| async move {
+            .process_payload("msg-001", payload, |mut tx| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
-                grant(&tx, 1001).await
+                grant(&mut tx, 1001).await
             })
             .await
             .unwrap();
@@ -72,12 +66,15 @@ async fn a_message_is_processed_once_and_its_redelivery_is_a_duplicate() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn the_payload_is_kept_only_when_asked() {
+async fn the_payload_is_kept_only_when_asked<D: Driver>() {
     let db = TestDb::new(2).await;
-    let inbox = Inbox::new(db.pool.clone(), "audit").store_payload(true);
+    let inbox = Inbox::new(D::pool(&db), "audit").store_payload(true);
     inbox
-        .process_payload("m-1", b"body", |tx| async move { grant(&tx, 1).await })
+        .process_payload(
+            "m-1",
+            b"body",
+            |mut tx| async move { grant(&mut tx, 1).await },
+        )
         .await
         .unwrap();
     let row = record(&db, "audit", "m-1").await.unwrap();
@@ -87,13 +84,12 @@ async fn the_payload_is_kept_only_when_asked() {
     );
 }
 
-#[tokio::test]
-async fn consumer_groups_are_independent() {
+async fn consumer_groups_are_independent<D: Driver>() {
     let db = TestDb::new(2).await;
     for group in ["coupons", "points"] {
-        let inbox = Inbox::new(db.pool.clone(), group);
+        let inbox = Inbox::new(D::pool(&db), group);
         let outcome = inbox
-            .process("msg-7", |tx| async move { grant(&tx, 7).await })
+            .process("msg-7", |mut tx| async move { grant(&mut tx, 7).await })
             .await
             .unwrap();
         assert_eq!(outcome, Outcome::Processed(()), "{group}");
@@ -101,10 +97,9 @@ async fn consumer_groups_are_independent() {
     assert_eq!(db.orders().await, 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_workers_with_the_same_message_run_it_once() {
+async fn two_workers_with_the_same_message_run_it_once<D: Driver>() {
     let db = TestDb::new(8).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     let runs = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(8));
     let workers: Vec<_> = (0..8)
@@ -113,9 +108,9 @@ async fn two_workers_with_the_same_message_run_it_once() {
             tokio::spawn(async move {
                 start.wait().await;
                 inbox
-                    .process("msg-race", |tx| async move {
+                    .process("msg-race", |mut tx| async move {
                         runs.fetch_add(1, Ordering::SeqCst);
-                        grant(&tx, 1).await?;
+                        grant(&mut tx, 1).await?;
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         Ok::<_, Error>(())
                     })
@@ -138,16 +133,15 @@ async fn two_workers_with_the_same_message_run_it_once() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn failures_roll_back_are_recorded_and_end_in_give_up() {
+async fn failures_roll_back_are_recorded_and_end_in_give_up<D: Driver>() {
     let db = TestDb::new(2).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons").max_attempts(3);
+    let inbox = Inbox::new(D::pool(&db), "coupons").max_attempts(3);
     let runs = &AtomicUsize::new(0);
 
     let first = inbox
-        .process("poison", |tx| async move {
+        .process("poison", |mut tx| async move {
             runs.fetch_add(1, Ordering::SeqCst);
-            grant(&tx, 1).await.unwrap();
+            grant(&mut tx, 1).await.unwrap();
             Err::<(), _>("coupon service said no")
         })
         .await;
@@ -171,9 +165,9 @@ async fn failures_roll_back_are_recorded_and_end_in_give_up() {
     );
 
     let second = inbox
-        .process("poison", |tx| async move {
+        .process("poison", |mut tx| async move {
             runs.fetch_add(1, Ordering::SeqCst);
-            grant(&tx, 1).await.unwrap();
+            grant(&mut tx, 1).await.unwrap();
             if runs.load(Ordering::SeqCst) > 0 {
                 panic!("consumer bug");
             }
@@ -216,10 +210,9 @@ async fn failures_roll_back_are_recorded_and_end_in_give_up() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn a_retry_after_a_failure_can_succeed() {
+async fn a_retry_after_a_failure_can_succeed<D: Driver>() {
     let db = TestDb::new(2).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     let failed = inbox
         .process("flaky", |_tx| async { Err::<(), _>("timeout") })
         .await;
@@ -228,7 +221,7 @@ async fn a_retry_after_a_failure_can_succeed() {
         Err(InboxError::Failed { attempts: 1, .. })
     ));
     let outcome = inbox
-        .process("flaky", |tx| async move { grant(&tx, 2).await })
+        .process("flaky", |mut tx| async move { grant(&mut tx, 2).await })
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
@@ -245,10 +238,9 @@ async fn a_retry_after_a_failure_can_succeed() {
     );
 }
 
-#[tokio::test]
-async fn invalid_message_ids_are_refused_cleanly() {
+async fn invalid_message_ids_are_refused_cleanly<D: Driver>() {
     let db = TestDb::new(1).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     let long = "m".repeat(256);
     for id in [
         "",
@@ -267,12 +259,11 @@ async fn invalid_message_ids_are_refused_cleanly() {
     assert_eq!(db.scalar("SELECT count(*) FROM inbox_messages").await, 0);
 }
 
-#[tokio::test]
-async fn an_expired_record_lets_the_message_run_again() {
+async fn an_expired_record_lets_the_message_run_again<D: Driver>() {
     let db = TestDb::new(1).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     inbox
-        .process("old", |tx| async move { grant(&tx, 1).await })
+        .process("old", |mut tx| async move { grant(&mut tx, 1).await })
         .await
         .unwrap();
     db.admin
@@ -283,7 +274,7 @@ async fn an_expired_record_lets_the_message_run_again() {
         .await
         .unwrap();
     let outcome = inbox
-        .process("old", |tx| async move { grant(&tx, 1).await })
+        .process("old", |mut tx| async move { grant(&mut tx, 1).await })
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
@@ -291,18 +282,17 @@ async fn an_expired_record_lets_the_message_run_again() {
     assert_eq!(db.scalar("SELECT count(*) FROM inbox_messages").await, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_that_waits_too_long_reports_busy() {
+async fn a_worker_that_waits_too_long_reports_busy<D: Driver>() {
     let db = TestDb::new(2).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons").lock_timeout(Duration::from_millis(200));
+    let inbox = Inbox::new(D::pool(&db), "coupons").lock_timeout(Duration::from_millis(200));
     let gate = Arc::new(Semaphore::new(0));
     let started = Arc::new(Semaphore::new(0));
     let first = tokio::spawn({
         let (inbox, gate, started) = (inbox.clone(), Arc::clone(&gate), Arc::clone(&started));
         async move {
             inbox
-                .process("slow", |tx| async move {
-                    grant(&tx, 1).await?;
+                .process("slow", |mut tx| async move {
+                    grant(&mut tx, 1).await?;
                     started.add_permits(1);
                     let _ = gate.acquire().await;
                     Ok::<_, Error>(())
@@ -321,17 +311,16 @@ async fn a_worker_that_waits_too_long_reports_busy() {
     db.assert_settles().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once() {
+async fn a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once<D: Driver>() {
     let db = TestDb::new(1).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     let inserted = Arc::new(Semaphore::new(0));
     let doomed = tokio::spawn({
         let (inbox, inserted) = (inbox.clone(), Arc::clone(&inserted));
         async move {
             inbox
-                .process("killed", |tx| async move {
-                    grant(&tx, 1).await?;
+                .process("killed", |mut tx| async move {
+                    grant(&mut tx, 1).await?;
                     inserted.add_permits(1);
                     std::future::pending::<()>().await;
                     Ok::<_, Error>(())
@@ -344,17 +333,16 @@ async fn a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once() {
     db.assert_settles().await;
     assert_eq!(db.orders().await, 0);
     let outcome = inbox
-        .process("killed", |tx| async move { grant(&tx, 1).await })
+        .process("killed", |mut tx| async move { grant(&mut tx, 1).await })
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
     assert_eq!(db.orders().await, 1);
 }
 
-#[tokio::test]
-async fn an_expired_failure_restarts_the_attempt_count() {
+async fn an_expired_failure_restarts_the_attempt_count<D: Driver>() {
     let db = TestDb::new(1).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons").max_attempts(2);
+    let inbox = Inbox::new(D::pool(&db), "coupons").max_attempts(2);
     for _ in 0..2 {
         let _ = inbox
             .process("stale-poison", |_tx| async { Err::<(), _>("no") })
@@ -383,11 +371,39 @@ async fn an_expired_failure_restarts_the_attempt_count() {
     );
     // And a success over the expired failure records SUCCESS with the work.
     let outcome = inbox
-        .process("stale-poison", |tx| async move { grant(&tx, 3).await })
+        .process(
+            "stale-poison",
+            |mut tx| async move { grant(&mut tx, 3).await },
+        )
         .await
         .unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
     let row = record(&db, "coupons", "stale-poison").await.unwrap();
     assert_eq!(row.get::<_, String>(0), "SUCCESS");
     assert_eq!(db.orders().await, 1);
+}
+
+for_each_driver! {
+    #[tokio::test]
+    async a_message_is_processed_once_and_its_redelivery_is_a_duplicate;
+    #[tokio::test]
+    async the_payload_is_kept_only_when_asked;
+    #[tokio::test]
+    async consumer_groups_are_independent;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async two_workers_with_the_same_message_run_it_once;
+    #[tokio::test]
+    async failures_roll_back_are_recorded_and_end_in_give_up;
+    #[tokio::test]
+    async a_retry_after_a_failure_can_succeed;
+    #[tokio::test]
+    async invalid_message_ids_are_refused_cleanly;
+    #[tokio::test]
+    async an_expired_record_lets_the_message_run_again;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_worker_that_waits_too_long_reports_busy;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once;
+    #[tokio::test]
+    async an_expired_failure_restarts_the_attempt_count;
 }

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::Extension;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox};
+use axum_idempotency::{IdempotencyLayer, IdempotentLease, Inbox};
 use common::recorder::{Capture, Recorder};
 use common::*;
 use serde_json::{Value, json};
@@ -54,7 +54,7 @@ impl Seen {
 
 /// A payment call: the side effect is outside the database.
 async fn charge(
-    State(seen): State<Arc<Seen>>,
+    Extension(seen): Extension<Arc<Seen>>,
     lease: IdempotentLease,
     Json(body): Json<Value>,
 ) -> Response {
@@ -79,14 +79,14 @@ async fn charge(
 }
 
 /// An atomic handler that records its derived key and fails the first time.
-async fn order(
-    State(seen): State<Arc<Seen>>,
-    tx: IdempotentTx,
+async fn order<T: TestTx>(
+    Extension(seen): Extension<Arc<Seen>>,
+    tx: T,
     Json(_): Json<Value>,
 ) -> StatusCode {
     let attempt = seen.calls.fetch_add(1, Ordering::SeqCst) + 1;
-    seen.derived.lock().await.push(tx.derive_key("coupon"));
-    seen.derived.lock().await.push(tx.derive_key("email"));
+    seen.derived.lock().await.push(tx.derive("coupon"));
+    seen.derived.lock().await.push(tx.derive("email"));
     if attempt == 1 {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
@@ -94,16 +94,16 @@ async fn order(
     }
 }
 
-fn app(
+fn app<D: Driver>(
     db: &TestDb,
     seen: &Arc<Seen>,
-    layer: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer,
+    layer: impl FnOnce(IdempotencyLayer<D::Store>) -> IdempotencyLayer<D::Store>,
 ) -> Router {
     Router::new()
         .route("/charges", post(charge))
-        .route("/orders", post(order))
-        .layer(layer(IdempotencyLayer::new(db.pool.clone())))
-        .with_state(Arc::clone(seen))
+        .route("/orders", post(order::<D::Tx>))
+        .layer(layer(IdempotencyLayer::new(D::pool(db))))
+        .layer(Extension(Arc::clone(seen)))
 }
 
 async fn record(db: &TestDb) -> (String, bool, i64, i16, bool) {
@@ -122,11 +122,10 @@ async fn record(db: &TestDb) -> (String, bool, i64, i16, bool) {
     (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
 }
 
-#[tokio::test]
-async fn lease_commits_processing_first_and_success_after() {
+async fn lease_commits_processing_first_and_success_after<D: Driver>() {
     let db = TestDb::new(2).await;
     let seen = Seen::new(None);
-    let app = app(&db, &seen, |l| l);
+    let app = app::<D>(&db, &seen, |l| l);
     let answer = send(
         &app,
         post_json("/charges", Some("pay-1"), &json!({"amount": 10})),
@@ -154,12 +153,11 @@ async fn lease_commits_processing_first_and_success_after() {
     assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_during_the_lease_gets_409() {
+async fn duplicate_during_the_lease_gets_409<D: Driver>() {
     let db = TestDb::new(2).await;
     let gate = Arc::new(Semaphore::new(0));
     let seen = Seen::new(Some(Arc::clone(&gate)));
-    let app = app(&db, &seen, |l| l.lease(Duration::from_secs(30)));
+    let app = app::<D>(&db, &seen, |l| l.lease(Duration::from_secs(30)));
     let first = tokio::spawn({
         let app = app.clone();
         async move { send(&app, post_json("/charges", Some("pay-2"), &json!({}))).await }
@@ -194,11 +192,10 @@ async fn duplicate_during_the_lease_gets_409() {
     assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_holder_is_taken_over_after_its_lease_expires() {
+async fn a_crashed_holder_is_taken_over_after_its_lease_expires<D: Driver>() {
     let db = TestDb::new(2).await;
     let seen = Seen::new(None);
-    let app = app(&db, &seen, |l| {
+    let app = app::<D>(&db, &seen, |l| {
         l.lease(Duration::from_secs(1)).finish_on_disconnect(false)
     });
     let crashed = tokio::spawn(app.clone().oneshot(post_json(
@@ -249,12 +246,11 @@ async fn a_crashed_holder_is_taken_over_after_its_lease_expires() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_holder_cannot_overwrite_the_newer_result() {
+async fn a_slow_holder_cannot_overwrite_the_newer_result<D: Driver>() {
     let db = TestDb::new(4).await;
     let gate = Arc::new(Semaphore::new(0));
     let seen = Seen::new(Some(Arc::clone(&gate)));
-    let app = app(&db, &seen, |l| l.lease(Duration::from_secs(1)));
+    let app = app::<D>(&db, &seen, |l| l.lease(Duration::from_secs(1)));
     let slow = tokio::spawn({
         let app = app.clone();
         async move { send(&app, post_json("/charges", Some("pay-4"), &json!({}))).await }
@@ -283,12 +279,11 @@ async fn a_slow_holder_cannot_overwrite_the_newer_result() {
 /// record long past its expiry whatever its state. The next holder's token comes from a
 /// sequence, never the old holder's again, so the old holder's completion cannot land on
 /// the new lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_holder_whose_record_was_purged_cannot_complete_the_next_lease() {
+async fn a_holder_whose_record_was_purged_cannot_complete_the_next_lease<D: Driver>() {
     let db = TestDb::new(4).await;
     let (old_gate, new_gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let seen = Seen::gated(vec![Arc::clone(&old_gate), Arc::clone(&new_gate)]);
-    let app = app(&db, &seen, |l| l);
+    let app = app::<D>(&db, &seen, |l| l);
     let request = || post_json("/charges", Some("pay-9"), &json!({}));
     let old = tokio::spawn({
         let app = app.clone();
@@ -322,11 +317,10 @@ async fn a_holder_whose_record_was_purged_cannot_complete_the_next_lease() {
     assert_eq!(stored.body, new.body, "the new holder's result stands");
 }
 
-#[tokio::test]
-async fn final_failures_replay_and_retryable_failures_run_again() {
+async fn final_failures_replay_and_retryable_failures_run_again<D: Driver>() {
     let db = TestDb::new(2).await;
     let seen = Seen::new(None);
-    let app = app(&db, &seen, |l| l);
+    let app = app::<D>(&db, &seen, |l| l);
     // A deterministic 422: FAILED, not retryable, replayed.
     let rejected = send(
         &app,
@@ -348,15 +342,14 @@ async fn final_failures_replay_and_retryable_failures_run_again() {
     assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test]
-async fn retryable_failures_and_panics_let_the_retry_take_over() {
+async fn retryable_failures_and_panics_let_the_retry_take_over<D: Driver>() {
     for (key, body) in [
         ("pay-6", json!({"fail_first": 503})),
         ("pay-7", json!({"panic_first": true})),
     ] {
         let db = TestDb::new(2).await;
         let seen = Seen::new(None);
-        let app = app(&db, &seen, |l| l);
+        let app = app::<D>(&db, &seen, |l| l);
         let failed = send(&app, post_json("/charges", Some(key), &body)).await;
         assert!(failed.status.is_server_error(), "{key}: {}", failed.status);
         assert_eq!(
@@ -377,11 +370,10 @@ async fn retryable_failures_and_panics_let_the_retry_take_over() {
     }
 }
 
-#[tokio::test]
-async fn derived_keys_are_stable_per_operation_and_distinct_per_label() {
+async fn derived_keys_are_stable_per_operation_and_distinct_per_label<D: Driver>() {
     let db = TestDb::new(2).await;
     let seen = Seen::new(None);
-    let app = app(&db, &seen, |l| l);
+    let app = app::<D>(&db, &seen, |l| l);
     // The first attempt fails (503, rolled back); the retry runs again.
     assert_eq!(
         send(&app, post_json("/orders", Some("op-1"), &json!({})))
@@ -417,13 +409,13 @@ async fn derived_keys_are_stable_per_operation_and_distinct_per_label() {
         .expect("usable as an Idempotency-Key");
 
     // The inbox derives from (consumer group, message id), the same on every redelivery.
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     let seen_keys = Arc::new(Mutex::new(Vec::new()));
     for attempt in 0..2 {
         let seen_keys = Arc::clone(&seen_keys);
         let _ = inbox
             .process("msg-1", |tx| async move {
-                seen_keys.lock().await.push(tx.derive_key("coupon"));
+                seen_keys.lock().await.push(tx.derive("coupon"));
                 if attempt == 0 {
                     Err("first attempt fails")
                 } else {
@@ -440,8 +432,7 @@ async fn derived_keys_are_stable_per_operation_and_distinct_per_label() {
 
 /// Takeovers are counted by what the claim did, not by the token's value: tokens come
 /// from a sequence, so a first lease's token may well be above 1.
-#[test]
-fn only_a_takeover_counts_as_one() {
+fn only_a_takeover_counts_as_one<D: Driver>() {
     let capture = Arc::new(Capture::default());
     let recorder = Recorder(Arc::clone(&capture));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -459,7 +450,7 @@ fn only_a_takeover_counts_as_one() {
         runtime.block_on(async {
             let db = TestDb::new(2).await;
             let seen = Seen::new(None);
-            let app = app(&db, &seen, |l| l);
+            let app = app::<D>(&db, &seen, |l| l);
             let body = json!({"fail_first": 503});
             let failed = send(&app, post_json("/charges", Some("pay-10"), &body)).await;
             assert_eq!(failed.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -486,4 +477,25 @@ fn only_a_takeover_counts_as_one() {
             );
         })
     });
+}
+
+for_each_driver! {
+    #[tokio::test]
+    async lease_commits_processing_first_and_success_after;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async duplicate_during_the_lease_gets_409;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_crashed_holder_is_taken_over_after_its_lease_expires;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_slow_holder_cannot_overwrite_the_newer_result;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_holder_whose_record_was_purged_cannot_complete_the_next_lease;
+    #[tokio::test]
+    async final_failures_replay_and_retryable_failures_run_again;
+    #[tokio::test]
+    async retryable_failures_and_panics_let_the_retry_take_over;
+    #[tokio::test]
+    async derived_keys_are_stable_per_operation_and_distinct_per_label;
+    #[test]
+    sync only_a_takeover_counts_as_one;
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use tokio::sync::{OwnedRwLockWriteGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::engine::key::RecordId;
 
@@ -30,6 +30,19 @@ impl<C> SharedTx<C> {
     /// Exclusive access to the slot, to install a freshly claimed transaction.
     pub(crate) async fn slot(&self) -> RwLockWriteGuard<'_, Option<C>> {
         self.slot.write().await
+    }
+
+    /// Exclusive access to the slot unless a handle holds it (a driver whose handles hold
+    /// the connection for as long as they live).
+    pub(crate) fn try_slot(&self) -> Option<RwLockWriteGuard<'_, Option<C>>> {
+        self.slot.try_write().ok()
+    }
+
+    /// Exclusive access held by a handle for as long as it lives (drivers whose statements
+    /// need `&mut` to the connection); `None` if another handle holds it.
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    pub(crate) fn try_write_owned(&self) -> Option<OwnedRwLockWriteGuard<Option<C>>> {
+        Arc::clone(&self.slot).try_write_owned().ok()
     }
 
     /// Shared access, for a handle running a statement.

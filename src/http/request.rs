@@ -183,11 +183,21 @@ impl<D: Store> RequestState<D> {
 
     /// Atomic mode, the extractor's work: begin, lock, look up — and decide.
     async fn claim(self: &Arc<Self>) -> Result<D::Handle, Response> {
-        let mut slot = self.tx.slot().await;
+        let held = || {
+            self.reject(Rejection::new(
+                RejectionKind::TransactionLeaked,
+                "this request's transaction is already held by another extractor; \
+                 take one transaction extractor per handler",
+            ))
+        };
+        let Some(mut slot) = self.tx.try_slot() else {
+            return Err(held());
+        };
         if slot.is_some() {
-            // A second extractor in the same handler shares the transaction.
+            // A second extractor in the same handler shares the transaction, where the
+            // driver's handles can share it.
             drop(slot);
-            return Ok(D::handle(&self.tx));
+            return D::handle(&self.tx).ok_or_else(held);
         }
         self.first_claim().map_err(|r| self.reject(r))?;
         if let Some(answer) = self.answer_from_cache() {
@@ -219,7 +229,7 @@ impl<D: Store> RequestState<D> {
                 self.replaces.store(replaces, Ordering::Release);
                 *slot = Some(conn);
                 drop(slot);
-                Ok(D::handle(&self.tx))
+                D::handle(&self.tx).ok_or_else(held)
             }
             Claim::InFlight => {
                 tracing::debug!(record = %self.id, "in flight");
@@ -871,5 +881,14 @@ impl<S: Send + Sync> FromRequestParts<S> for crate::postgres::IdempotentTx {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         extract_tx::<crate::postgres::PgStore>(parts, "IdempotentTx").await
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl<S: Send + Sync> FromRequestParts<S> for crate::sqlx::IdempotentTx {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        extract_tx::<crate::sqlx::SqlxStore>(parts, "axum_idempotency::sqlx::IdempotentTx").await
     }
 }

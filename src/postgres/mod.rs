@@ -21,8 +21,6 @@ use std::sync::Arc;
 pub use self::pool::{BoxFuture, ClientPool, PoolError, PooledClient};
 pub use self::tx::{IdempotentTx, TxStatement};
 
-use crate::store::IntoStore;
-
 /// The tokio-postgres [`Store`](crate::Store): a [`ClientPool`] and the crate's
 /// prepared-statement setting. Cloning it is a reference-count bump.
 ///
@@ -53,12 +51,3 @@ impl fmt::Debug for PgStore {
 }
 
 impl crate::store::sealed::Sealed for PgStore {}
-
-#[cfg(feature = "deadpool")]
-impl IntoStore for deadpool_postgres::Pool {
-    type Store = PgStore;
-
-    fn into_store(self) -> PgStore {
-        PgStore::new(self)
-    }
-}

@@ -98,9 +98,19 @@ pub trait PooledClient: Send + Sync + 'static {
 #[cfg(feature = "deadpool")]
 mod deadpool {
     use super::{BoxFuture, ClientPool, PoolError, PooledClient};
+    use crate::postgres::PgStore;
+    use crate::store::IntoStore;
     use deadpool_postgres::{Object, Pool};
     use tokio_postgres::types::Type;
     use tokio_postgres::{Client, Statement};
+
+    impl IntoStore for Pool {
+        type Store = PgStore;
+
+        fn into_store(self) -> PgStore {
+            PgStore::new(self)
+        }
+    }
 
     impl ClientPool for Pool {
         fn get(&self) -> BoxFuture<'_, Result<Box<dyn PooledClient>, PoolError>> {
@@ -126,6 +136,68 @@ mod deadpool {
 
         fn discard(self: Box<Self>) {
             drop(Object::take(*self));
+        }
+    }
+}
+
+/// bb8 over any manager of tokio-postgres connections (`bb8_postgres` is the usual one).
+#[cfg(feature = "bb8")]
+mod bb8 {
+    use super::{BoxFuture, ClientPool, PoolError, PooledClient};
+    use crate::postgres::PgStore;
+    use crate::store::IntoStore;
+    use ::bb8::{ManageConnection, Pool, PooledConnection};
+    use tokio_postgres::Client;
+
+    impl<M> IntoStore for Pool<M>
+    where
+        M: ManageConnection<Connection = Client>,
+        M::Error: std::error::Error + Send + Sync + 'static,
+    {
+        type Store = PgStore;
+
+        fn into_store(self) -> PgStore {
+            PgStore::new(self)
+        }
+    }
+
+    impl<M> ClientPool for Pool<M>
+    where
+        M: ManageConnection<Connection = Client>,
+        M::Error: std::error::Error + Send + Sync + 'static,
+    {
+        fn get(&self) -> BoxFuture<'_, Result<Box<dyn PooledClient>, PoolError>> {
+            Box::pin(async move {
+                let conn = self.get_owned().await?;
+                Ok(Box::new(conn) as Box<dyn PooledClient>)
+            })
+        }
+    }
+
+    impl<M> PooledClient for PooledConnection<'static, M>
+    where
+        M: ManageConnection<Connection = Client>,
+    {
+        fn client(&self) -> &Client {
+            self
+        }
+
+        /// bb8 cannot close a connection it handed out, and takes back whatever it is
+        /// given unless the connection has closed. So the connection is held until a
+        /// ROLLBACK has answered — or the connection closed, which bb8 then drops — and
+        /// only then given back: never inside a transaction, at the price of a pool slot
+        /// for as long as the server takes to answer.
+        fn discard(self: Box<Self>) {
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                // No runtime drives the connection any more: it is closed.
+                return;
+            };
+            runtime.spawn(async move {
+                if let Err(error) = self.batch_execute("ROLLBACK").await {
+                    tracing::debug!(%error, "ROLLBACK of a connection of unknown state failed");
+                }
+                drop(self);
+            });
         }
     }
 }

@@ -2,7 +2,7 @@
 //! one round trip per step.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
@@ -13,7 +13,7 @@ use super::conn::TxConn;
 use super::db::{self, Db, Sql};
 use super::tx::IdempotentTx;
 use crate::Error;
-use crate::admin::{MessageInfo, RecordInfo};
+use crate::admin::{MessageInfo, RecordInfo, epoch};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::{RecordId, hex};
 use crate::engine::record::{
@@ -539,8 +539,8 @@ impl Store for PgStore {
             .await
     }
 
-    fn handle(shared: &Arc<SharedTx<TxConn>>) -> IdempotentTx {
-        IdempotentTx::new(shared.count_handle())
+    fn handle(shared: &Arc<SharedTx<TxConn>>) -> Option<IdempotentTx> {
+        Some(IdempotentTx::new(shared.count_handle()))
     }
 }
 
@@ -558,10 +558,10 @@ fn record_info(row: &Row) -> Result<RecordInfo, tokio_postgres::Error> {
         status: u16::try_from(status).unwrap_or(0),
         fingerprint: hex(fingerprint),
         fencing_token: row.try_get(7)?,
-        created_at: row.try_get::<_, SystemTime>(8)?,
-        updated_at: row.try_get(9)?,
-        expires_at: row.try_get(10)?,
-        locked_until: row.try_get(11)?,
+        created_at: epoch(row.try_get(8)?),
+        updated_at: epoch(row.try_get(9)?),
+        expires_at: epoch(row.try_get(10)?),
+        locked_until: row.try_get::<_, Option<f64>>(11)?.map(epoch),
         response_bytes: usize::try_from(response_bytes).unwrap_or(usize::MAX),
     })
 }
@@ -576,9 +576,9 @@ fn message_info(row: &Row) -> Result<MessageInfo, tokio_postgres::Error> {
         attempts: u32::try_from(attempts).unwrap_or(0),
         last_error: row.try_get(4)?,
         payload_digest: digest.map(hex),
-        created_at: row.try_get(6)?,
-        updated_at: row.try_get(7)?,
-        expires_at: row.try_get(8)?,
+        created_at: epoch(row.try_get(6)?),
+        updated_at: epoch(row.try_get(7)?),
+        expires_at: epoch(row.try_get(8)?),
     })
 }
 

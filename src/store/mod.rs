@@ -161,9 +161,10 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<MessageInfo>, Error>> + Send;
 
-    /// A new handle on a transaction that holds a connection.
+    /// A new handle on a transaction that holds a connection; `None` if the driver hands
+    /// the connection out exclusively and another handle holds it.
     #[doc(hidden)]
-    fn handle(shared: &Arc<SharedTx<Self::Conn>>) -> Self::Handle;
+    fn handle(shared: &Arc<SharedTx<Self::Conn>>) -> Option<Self::Handle>;
 }
 
 /// What the crate's components accept where they need the database: a pool of one of the

@@ -137,7 +137,9 @@ macro_rules! select_record {
     ($clause:literal) => {
         concat!(
             "SELECT uuid_send(id), scope, idempotency_key, state, retryable, status, \
-             fingerprint, fencing_token, created_at, updated_at, expires_at, locked_until, \
+             fingerprint, fencing_token, extract(epoch FROM created_at)::float8, \
+             extract(epoch FROM updated_at)::float8, extract(epoch FROM expires_at)::float8, \
+             extract(epoch FROM locked_until)::float8, \
              (octet_length(headers) + octet_length(body))::bigint \
              FROM idempotency_records ",
             $clause
@@ -150,7 +152,8 @@ macro_rules! select_message {
     ($clause:literal) => {
         concat!(
             "SELECT consumer_group, message_id, status, attempts, last_error, payload_digest, \
-             created_at, updated_at, expires_at FROM inbox_messages ",
+             extract(epoch FROM created_at)::float8, extract(epoch FROM updated_at)::float8, \
+             extract(epoch FROM expires_at)::float8 FROM inbox_messages ",
             $clause
         )
     };

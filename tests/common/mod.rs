@@ -1,10 +1,13 @@
 //! Shared test fixtures: a private schema per test in the database named by `DATABASE_URL`,
 //! and a small order service with knobs for every behaviour under test.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod drivers;
 pub mod proxy;
 pub mod recorder;
+
+pub use drivers::{Bb8, Deadpool, Driver, Sqlx, TestTx};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -16,7 +19,7 @@ use axum::http::{Request, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::{IdempotencyLayer, IdempotentTx};
+use axum_idempotency::{IdempotencyLayer, Store};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -45,6 +48,9 @@ pub const TEST_TABLES: &str = "
 /// A schema of its own for one test, dropped when the test ends.
 pub struct TestDb {
     pub schema: String,
+    /// The size the test asked for: the deadpool pool's, and that of the pools
+    /// [`Driver::pool`] makes.
+    pub pool_size: usize,
     pub pool: Pool,
     /// A connection outside the pool, for checks.
     pub admin: tokio_postgres::Client,
@@ -104,6 +110,7 @@ impl TestDb {
         let pool = pool_for(&schema, pool_size);
         Self {
             schema,
+            pool_size,
             pool,
             admin,
         }
@@ -259,33 +266,26 @@ impl Knobs {
 
 /// `POST /orders` with a JSON body `{"amount": n, "status"?: code, "panic"?: true,
 /// "leak"?: true, "hang"?: true, "stall_body"?: true}`.
-async fn create_order(
+async fn create_order<T: TestTx>(
     State(knobs): State<Arc<Knobs>>,
-    tx: IdempotentTx,
+    mut tx: T,
     Json(body): Json<Value>,
 ) -> Response<Body> {
     knobs.calls.fetch_add(1, Ordering::SeqCst);
     let user: i64 = body["user_id"].as_i64().unwrap_or(1);
     let amount: i64 = body["amount"].as_i64().unwrap_or(1);
-    let row = tx
-        .query_one(
-            "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id",
-            &[&user, &amount],
-        )
-        .await
-        .expect("insert order");
-    let id: i64 = row.get(0);
+    let id = tx.insert_order(user, amount).await.expect("insert order");
     if knobs.fail_commit_once.swap(false, Ordering::SeqCst) {
-        tx.execute("INSERT INTO children (parent_id) VALUES (-1)", &[])
+        tx.run("INSERT INTO children (parent_id) VALUES (-1)")
             .await
             .unwrap();
     }
     if body["try_commit"].as_bool() == Some(true) {
-        let refused = tx.execute("COMMIT", &[]).await.unwrap_err();
+        let refused = tx.run("COMMIT").await.unwrap_err();
         *knobs.leaked_result.lock().await = Some(refused.to_string());
     }
     let lock_timeout: Option<String> = match body["show_lock_timeout"].as_bool() {
-        Some(true) => Some(tx.query_one("SHOW lock_timeout", &[]).await.unwrap().get(0)),
+        Some(true) => Some(tx.text("SHOW lock_timeout").await.unwrap()),
         _ => None,
     };
     knobs.inserted.add_permits(1);
@@ -302,7 +302,7 @@ async fn create_order(
         let knobs = Arc::clone(&knobs);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            let result = tx.execute("SELECT 1", &[]).await;
+            let result = tx.run("SELECT 1").await;
             *knobs.leaked_result.lock().await = Some(match result {
                 Ok(_) => "ok".to_owned(),
                 Err(e) => e.to_string(),
@@ -340,15 +340,23 @@ async fn plain_post() -> &'static str {
     "no idempotency here"
 }
 
-pub fn router(knobs: Arc<Knobs>, layer: IdempotencyLayer) -> Router {
+/// The test order service on the layer's driver.
+pub fn router<S>(knobs: Arc<Knobs>, layer: IdempotencyLayer<S>) -> Router
+where
+    S: Store,
+    S::Handle: TestTx,
+{
     Router::new()
-        .route("/orders", post(create_order).get(create_order))
+        .route(
+            "/orders",
+            post(create_order::<S::Handle>).get(create_order::<S::Handle>),
+        )
         .route("/plain", post(plain_post).get(plain_post))
         .layer(layer)
         .with_state(knobs)
 }
 
-pub fn scoped(layer: IdempotencyLayer) -> IdempotencyLayer {
+pub fn scoped<S: Store>(layer: IdempotencyLayer<S>) -> IdempotencyLayer<S> {
     layer.scope(|parts| {
         parts
             .headers

@@ -1,0 +1,228 @@
+//! The drivers every behaviour, cancellation, inbox and lease test runs against, and the
+//! handle operations the test handlers need, written once for all of them.
+//!
+//! A test is written once as `async fn name<D: Driver>()` and listed in
+//! [`for_each_driver!`](crate::for_each_driver), which makes one test of it per driver:
+//! `deadpool::name`, `bb8::name`, `sqlx::name`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::FromRequestParts;
+use axum::response::Response;
+use axum_idempotency::{Error, IntoStore, Store};
+
+use super::{Knobs, TestDb, database_url};
+
+/// What the test handlers do through a driver's transaction handle.
+pub trait TestTx:
+    FromRequestParts<Arc<Knobs>, Rejection = Response>
+    + FromRequestParts<(), Rejection = Response>
+    + Send
+    + Sync
+    + 'static
+{
+    /// Inserts an order and returns its id.
+    fn insert_order(
+        &mut self,
+        user: i64,
+        amount: i64,
+    ) -> impl Future<Output = Result<i64, Error>> + Send;
+    /// Runs a statement without parameters; the rows it affected.
+    fn run(&mut self, sql: &'static str) -> impl Future<Output = Result<u64, Error>> + Send;
+    /// A one-text-column query, such as `SHOW lock_timeout`.
+    fn text(&mut self, sql: &'static str) -> impl Future<Output = Result<String, Error>> + Send;
+    /// [`IdempotentTx::derive_key`](axum_idempotency::IdempotentTx::derive_key).
+    fn derive(&self, label: &str) -> String;
+}
+
+impl TestTx for axum_idempotency::IdempotentTx {
+    async fn insert_order(&mut self, user: i64, amount: i64) -> Result<i64, Error> {
+        let row = self
+            .query_one(
+                "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id",
+                &[&user, &amount],
+            )
+            .await?;
+        Ok(row.get(0))
+    }
+
+    async fn run(&mut self, sql: &'static str) -> Result<u64, Error> {
+        self.execute(sql, &[]).await
+    }
+
+    async fn text(&mut self, sql: &'static str) -> Result<String, Error> {
+        Ok(self.query_one(sql, &[]).await?.get(0))
+    }
+
+    fn derive(&self, label: &str) -> String {
+        self.derive_key(label)
+    }
+}
+
+#[cfg(feature = "sqlx")]
+impl TestTx for axum_idempotency::sqlx::IdempotentTx {
+    async fn insert_order(&mut self, user: i64, amount: i64) -> Result<i64, Error> {
+        let id =
+            sqlx::query_scalar("INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id")
+                .bind(user)
+                .bind(amount)
+                .fetch_one(&mut **self)
+                .await?;
+        Ok(id)
+    }
+
+    async fn run(&mut self, sql: &'static str) -> Result<u64, Error> {
+        Ok(sqlx::query(sql).execute(&mut **self).await?.rows_affected())
+    }
+
+    async fn text(&mut self, sql: &'static str) -> Result<String, Error> {
+        Ok(sqlx::query_scalar(sql).fetch_one(&mut **self).await?)
+    }
+
+    fn derive(&self, label: &str) -> String {
+        self.derive_key(label)
+    }
+}
+
+/// One of the drivers under test.
+pub trait Driver: Send + Sync + 'static {
+    /// What the application hands the crate.
+    type Pool: IntoStore<Store = Self::Store> + Clone + Send + Sync + 'static;
+    type Store: Store<Handle = Self::Tx>;
+    type Tx: TestTx;
+    /// Whether the record's INSERT and the COMMIT leave in one round trip, so a future
+    /// dropped while the INSERT waits still commits.
+    const PIPELINED: bool;
+    /// Whether the handle sees the SQL it runs (refusing COMMIT and friends) and is cut off
+    /// from the transaction once the handler returned.
+    const GUARDED: bool;
+
+    /// A pool over this test's schema, as large as the test's own.
+    fn pool(db: &TestDb) -> Self::Pool;
+    /// Connections checked out of `pool`.
+    fn in_use(pool: &Self::Pool) -> usize;
+    /// Checks a connection out of `pool` and keeps it until the value is dropped.
+    fn hold(pool: &Self::Pool) -> impl Future<Output = Box<dyn Send>> + Send;
+}
+
+/// tokio-postgres over deadpool: the test's own pool.
+pub struct Deadpool;
+
+impl Driver for Deadpool {
+    type Pool = deadpool_postgres::Pool;
+    type Store = axum_idempotency::postgres::PgStore;
+    type Tx = axum_idempotency::IdempotentTx;
+    const PIPELINED: bool = true;
+    const GUARDED: bool = true;
+
+    fn pool(db: &TestDb) -> Self::Pool {
+        db.pool.clone()
+    }
+
+    fn in_use(pool: &Self::Pool) -> usize {
+        let status = pool.status();
+        status.size - status.available
+    }
+
+    async fn hold(pool: &Self::Pool) -> Box<dyn Send> {
+        Box::new(pool.get().await.unwrap())
+    }
+}
+
+/// tokio-postgres over bb8.
+pub struct Bb8;
+
+#[cfg(feature = "bb8")]
+impl Driver for Bb8 {
+    type Pool = bb8::Pool<bb8_postgres::PostgresConnectionManager<tokio_postgres::NoTls>>;
+    type Store = axum_idempotency::postgres::PgStore;
+    type Tx = axum_idempotency::IdempotentTx;
+    const PIPELINED: bool = true;
+    const GUARDED: bool = true;
+
+    fn pool(db: &TestDb) -> Self::Pool {
+        let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+        config.options(format!("-c search_path={}", db.schema));
+        config.application_name(&db.schema);
+        bb8::Pool::builder()
+            .max_size(db.pool_size as u32)
+            .connection_timeout(Duration::from_secs(10))
+            .build_unchecked(bb8_postgres::PostgresConnectionManager::new(
+                config,
+                tokio_postgres::NoTls,
+            ))
+    }
+
+    fn in_use(pool: &Self::Pool) -> usize {
+        let state = pool.state();
+        (state.connections - state.idle_connections) as usize
+    }
+
+    async fn hold(pool: &Self::Pool) -> Box<dyn Send> {
+        Box::new(pool.get_owned().await.unwrap())
+    }
+}
+
+/// sqlx.
+pub struct Sqlx;
+
+#[cfg(feature = "sqlx")]
+impl Driver for Sqlx {
+    type Pool = sqlx::PgPool;
+    type Store = axum_idempotency::sqlx::SqlxStore;
+    type Tx = axum_idempotency::sqlx::IdempotentTx;
+    const PIPELINED: bool = false;
+    const GUARDED: bool = false;
+
+    fn pool(db: &TestDb) -> Self::Pool {
+        let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
+        let options = options
+            .options([("search_path", db.schema.as_str())])
+            .application_name(&db.schema);
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(db.pool_size as u32)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options)
+    }
+
+    fn in_use(pool: &Self::Pool) -> usize {
+        pool.size() as usize - pool.num_idle()
+    }
+
+    async fn hold(pool: &Self::Pool) -> Box<dyn Send> {
+        Box::new(pool.acquire().await.unwrap())
+    }
+}
+
+/// Makes one test per driver of each listed `async fn name<D: Driver>()` (or, marked
+/// `sync`, `fn name<D: Driver>()`), with the attributes given before it.
+#[macro_export]
+macro_rules! for_each_driver {
+    ($($(#[$attr:meta])* $kind:ident $name:ident;)*) => {
+        mod deadpool {
+            $($crate::for_each_driver!(@test $crate::common::Deadpool; $kind $name; $(#[$attr])*);)*
+        }
+        #[cfg(feature = "bb8")]
+        mod bb8 {
+            $($crate::for_each_driver!(@test $crate::common::Bb8; $kind $name; $(#[$attr])*);)*
+        }
+        #[cfg(feature = "sqlx")]
+        mod sqlx {
+            $($crate::for_each_driver!(@test $crate::common::Sqlx; $kind $name; $(#[$attr])*);)*
+        }
+    };
+    (@test $driver:ty; async $name:ident; $(#[$attr:meta])*) => {
+        $(#[$attr])*
+        async fn $name() {
+            super::$name::<$driver>().await
+        }
+    };
+    (@test $driver:ty; sync $name:ident; $(#[$attr:meta])*) => {
+        $(#[$attr])*
+        fn $name() {
+            super::$name::<$driver>()
+        }
+    };
+}
