@@ -151,6 +151,62 @@ fn app(pool: Pool, layer: IdempotencyLayer) -> Router {
         .merge(idempotent)
 }
 
+/// The sqlx driver's server: the same two routes on an `sqlx::PgPool`.
+#[cfg(feature = "sqlx")]
+mod on_sqlx {
+    use super::{INSERT_ORDER, NewOrder, created};
+    use axum::extract::State;
+    use axum::response::Response;
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use axum_idempotency::IdempotencyLayer;
+    use axum_idempotency::sqlx::IdempotentTx;
+    use sqlx::PgPool;
+
+    /// The baseline on sqlx: the business insert in its own transaction.
+    async fn bare(State(pool): State<PgPool>, Json(order): Json<NewOrder>) -> Response {
+        let mut tx = pool.begin().await.unwrap();
+        let id: i64 = sqlx::query_scalar(INSERT_ORDER)
+            .bind(order.user_id)
+            .bind(order.amount)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        created(id, &order)
+    }
+
+    /// Atomic mode on sqlx.
+    async fn atomic(mut tx: IdempotentTx, Json(order): Json<NewOrder>) -> Response {
+        let id: i64 = sqlx::query_scalar(INSERT_ORDER)
+            .bind(order.user_id)
+            .bind(order.amount)
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        created(id, &order)
+    }
+
+    pub(super) async fn server(url: &str, schema: &str) -> std::net::SocketAddr {
+        let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+        let options = options.options([("search_path", schema)]);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(32)
+            .connect_with(options)
+            .await
+            .unwrap();
+        let idempotent = Router::new()
+            .route("/orders", post(atomic))
+            .layer(IdempotencyLayer::new(pool.clone()))
+            .with_state(pool.clone());
+        let app = Router::new()
+            .route("/bare", post(bare))
+            .with_state(pool)
+            .merge(idempotent);
+        super::serve(app).await
+    }
+}
+
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -216,11 +272,25 @@ enum Variant {
     ThreeCommit,
     CachedReplay,
     RedisReplay,
+    SqlxBare,
+    SqlxNew,
+    SqlxReplay,
 }
 
 impl Variant {
+    /// What the variant's ratio is taken against: `bare` on its own driver.
+    fn baseline(self) -> Self {
+        match self {
+            Self::SqlxNew | Self::SqlxReplay => Self::SqlxBare,
+            _ => Self::Bare,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
+            Self::SqlxBare => "sqlx-bare",
+            Self::SqlxNew => "sqlx-new",
+            Self::SqlxReplay => "sqlx-replay",
             Self::Bare => "bare",
             Self::New => "new",
             Self::Replay => "replay",
@@ -307,16 +377,20 @@ struct Servers {
     plain: SocketAddr,
     cached: SocketAddr,
     redis: Option<SocketAddr>,
+    sqlx: Option<SocketAddr>,
 }
 
 async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: usize) -> Figures {
     let target = match variant {
         Variant::CachedReplay => servers.cached,
         Variant::RedisReplay => servers.redis.expect("built without the redis feature"),
+        Variant::SqlxBare | Variant::SqlxNew | Variant::SqlxReplay => {
+            servers.sqlx.expect("built without the sqlx feature")
+        }
         _ => servers.plain,
     };
     let replay_keys = match variant {
-        Variant::Replay | Variant::CachedReplay | Variant::RedisReplay => {
+        Variant::Replay | Variant::CachedReplay | Variant::RedisReplay | Variant::SqlxReplay => {
             completed_keys(target, concurrency).await
         }
         _ => Vec::new(),
@@ -334,8 +408,10 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: u
                     let n = (worker * per_connection + i) as u64;
                     let sent = Instant::now();
                     let status = match variant {
-                        Variant::Bare => connection.post("/bare", None, &body_for(n)).await,
-                        Variant::New => {
+                        Variant::Bare | Variant::SqlxBare => {
+                            connection.post("/bare", None, &body_for(n)).await
+                        }
+                        Variant::New | Variant::SqlxNew => {
                             connection
                                 .post("/orders", Some(&fresh_key()), &body_for(n))
                                 .await
@@ -350,7 +426,10 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: u
                                 .post("/three-commit", Some(&fresh_key()), &body_for(n))
                                 .await
                         }
-                        Variant::Replay | Variant::CachedReplay | Variant::RedisReplay => {
+                        Variant::Replay
+                        | Variant::CachedReplay
+                        | Variant::RedisReplay
+                        | Variant::SqlxReplay => {
                             let (key, body) = replay.as_ref().unwrap();
                             connection.post("/orders", Some(key), body).await
                         }
@@ -394,6 +473,21 @@ async fn redis_server(pool: &Pool) -> Option<SocketAddr> {
 #[cfg(not(feature = "redis"))]
 async fn redis_server(_pool: &Pool) -> Option<SocketAddr> {
     None
+}
+
+/// The sqlx driver's server, when built with `--features sqlx`.
+async fn sqlx_server(schema: &str) -> Option<SocketAddr> {
+    #[cfg(feature = "sqlx")]
+    {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        Some(on_sqlx::server(&url, schema).await)
+    }
+    #[cfg(not(feature = "sqlx"))]
+    {
+        let _ = schema;
+        None
+    }
 }
 
 async fn setup(schema: &str) -> (Pool, tokio_postgres::Client) {
@@ -499,10 +593,12 @@ async fn main() {
     ))
     .await;
     let redis = redis_server(&pool).await;
+    let sqlx = sqlx_server(&schema).await;
     let servers = Servers {
         plain,
         cached,
         redis,
+        sqlx,
     };
 
     let mut variants = vec![
@@ -516,8 +612,15 @@ async fn main() {
     if redis.is_some() {
         variants.push(Variant::RedisReplay);
     }
+    if sqlx.is_some() {
+        variants.extend([Variant::SqlxBare, Variant::SqlxNew, Variant::SqlxReplay]);
+    }
     if !options.only.is_empty() {
-        variants.retain(|v| *v == Variant::Bare || options.only.iter().any(|o| o == v.name()));
+        variants.retain(|v| {
+            *v == Variant::Bare
+                || *v == Variant::SqlxBare && sqlx.is_some()
+                || options.only.iter().any(|o| o == v.name())
+        });
     }
     let (requests, concurrencies): (usize, &[usize]) = if options.quick {
         (200, &[1, 16])
@@ -525,7 +628,7 @@ async fn main() {
         (3000, &[1, 16, 64])
     };
     println!(
-        "| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to bare | peak RSS MiB |"
+        "| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to its driver's bare | peak RSS MiB |"
     );
     println!("|---|---|---|---|---|---|---|");
     for &concurrency in concurrencies {
@@ -554,7 +657,11 @@ async fn main() {
             values[values.len() / 2]
         };
         for (i, &variant) in variants.iter().enumerate() {
-            let ratio = median(rounds.iter().map(|r| r[i].rps / r[0].rps).collect());
+            let base = variants
+                .iter()
+                .position(|v| *v == variant.baseline())
+                .unwrap_or(0);
+            let ratio = median(rounds.iter().map(|r| r[i].rps / r[base].rps).collect());
             let mut by_rps: Vec<&Figures> = rounds.iter().map(|r| &r[i]).collect();
             by_rps.sort_by(|a, b| a.rps.total_cmp(&b.rps));
             let figures = by_rps[by_rps.len() / 2];

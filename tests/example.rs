@@ -41,9 +41,20 @@ fn metric(text: &str, outcome: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_example_serves_idempotent_orders_and_metrics() {
+    serves_idempotent_orders_and_metrics("orders").await;
+}
+
+/// The same contract, the same checks, on sqlx.
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_sqlx_example_serves_idempotent_orders_and_metrics() {
+    serves_idempotent_orders_and_metrics("orders_sqlx").await;
+}
+
+async fn serves_idempotent_orders_and_metrics(example: &str) {
     let db = TestDb::bare(1).await;
     let (mut child, addr) =
-        start_orders_example(&[("DATABASE_URL", &schema_url(&db.schema))]).await;
+        start_example(example, &[("DATABASE_URL", &schema_url(&db.schema))]).await;
 
     let (status, first) = http(&addr, &post_order("ex-1", 299)).await;
     assert_eq!(status, 201, "{first}");
@@ -94,7 +105,7 @@ async fn orders_example_serves_idempotent_orders_and_metrics() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (conflict, _) = http(&addr, &post_order("ex-3", 5)).await;
-    assert_eq!(conflict, 409);
+    assert_eq!(conflict, 409, "the duplicate of a request in flight");
     blocker.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(pending.await.unwrap().0, 201);
 

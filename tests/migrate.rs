@@ -22,12 +22,11 @@ async fn versions(db: &TestDb) -> Vec<i32> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_migrations_apply_each_version_once() {
+async fn concurrent_migrations_apply_each_version_once<D: Driver>() {
     let db = TestDb::bare(8).await;
     let runs: Vec<_> = (0..8)
         .map(|_| {
-            let pool = db.pool.clone();
+            let pool = D::pool(&db);
             tokio::spawn(async move { axum_idempotency::migrate(&pool).await })
         })
         .collect();
@@ -36,12 +35,11 @@ async fn concurrent_migrations_apply_each_version_once() {
     }
     assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6]);
     // Running it again is a no-op.
-    axum_idempotency::migrate(&db.pool).await.unwrap();
+    axum_idempotency::migrate(&D::pool(&db)).await.unwrap();
     assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6]);
 }
 
-#[tokio::test]
-async fn a_database_at_version_one_is_upgraded_in_place() {
+async fn a_database_at_version_one_is_upgraded_in_place<D: Driver>() {
     let db = TestDb::bare(1).await;
     let client = db.pool.get().await.unwrap();
     client
@@ -60,7 +58,7 @@ async fn a_database_at_version_one_is_upgraded_in_place() {
         .await
         .unwrap();
     drop(client);
-    axum_idempotency::migrate(&db.pool).await.unwrap();
+    axum_idempotency::migrate(&D::pool(&db)).await.unwrap();
     assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6]);
     let row = db
         .admin
@@ -82,8 +80,7 @@ async fn a_database_at_version_one_is_upgraded_in_place() {
     assert_eq!(row.get::<_, Vec<u8>>(2), b"old");
 }
 
-#[tokio::test]
-async fn a_newer_schema_is_refused() {
+async fn a_newer_schema_is_refused<D: Driver>() {
     let db = TestDb::new(1).await;
     db.admin
         .batch_execute(&format!(
@@ -92,11 +89,20 @@ async fn a_newer_schema_is_refused() {
         ))
         .await
         .unwrap();
-    match axum_idempotency::migrate(&db.pool).await {
+    match axum_idempotency::migrate(&D::pool(&db)).await {
         Err(Error::UnknownSchemaVersion {
             found: 99,
             known: 6,
         }) => {}
         other => panic!("expected UnknownSchemaVersion, got {other:?}"),
     }
+}
+
+for_each_driver! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async concurrent_migrations_apply_each_version_once;
+    #[tokio::test]
+    async a_database_at_version_one_is_upgraded_in_place;
+    #[tokio::test]
+    async a_newer_schema_is_refused;
 }

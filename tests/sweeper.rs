@@ -93,8 +93,7 @@ where
     panic!("timed out waiting for {what}");
 }
 
-#[tokio::test]
-async fn batched_purge_removes_exactly_the_expired_rows() {
+async fn batched_purge_removes_exactly_the_expired_rows<D: Driver>() {
     let db = TestDb::new(2).await;
     insert_records(
         &db,
@@ -135,7 +134,7 @@ async fn batched_purge_removes_exactly_the_expired_rows() {
     )
     .await;
 
-    let sweeper = Sweeper::new(db.pool.clone()).batch_size(1000);
+    let sweeper = Sweeper::new(D::pool(&db)).batch_size(1000);
     let report = sweeper.run_once().await.unwrap();
     assert_eq!(report.purged_records, 2503, "{report:?}");
     assert_eq!(report.purged_messages, 0);
@@ -163,8 +162,7 @@ async fn batched_purge_removes_exactly_the_expired_rows() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn success_is_purged_after_its_grace_and_failures_after_their_retention() {
+async fn success_is_purged_after_its_grace_and_failures_after_their_retention<D: Driver>() {
     let db = TestDb::new(2).await;
     let past = "now() - interval '2 minutes'";
     insert_records(&db, 10, "success-old", "SUCCESS", past, "NULL").await;
@@ -188,7 +186,7 @@ async fn success_is_purged_after_its_grace_and_failures_after_their_retention() 
     )
     .await;
 
-    let report = Sweeper::new(db.pool.clone())
+    let report = Sweeper::new(D::pool(&db))
         .batch_size(4)
         .success_grace(Duration::from_secs(60))
         .failure_retention(Duration::from_secs(24 * 3600))
@@ -202,8 +200,7 @@ async fn success_is_purged_after_its_grace_and_failures_after_their_retention() 
     assert_eq!(in_scope(&db, "failed-old").await, 0);
 }
 
-#[tokio::test]
-async fn default_retention_purges_success_at_expiry_and_keeps_failures_a_week() {
+async fn default_retention_purges_success_at_expiry_and_keeps_failures_a_week<D: Driver>() {
     let db = TestDb::new(2).await;
     insert_records(
         &db,
@@ -233,15 +230,14 @@ async fn default_retention_purges_success_at_expiry_and_keeps_failures_a_week() 
     )
     .await;
 
-    let report = Sweeper::new(db.pool.clone()).run_once().await.unwrap();
+    let report = Sweeper::new(D::pool(&db)).run_once().await.unwrap();
     assert_eq!(report.purged_records, 3 + 5, "{report:?}");
     assert_eq!(in_scope(&db, "success").await, 0);
     assert_eq!(in_scope(&db, "failed-6d").await, 4);
     assert_eq!(in_scope(&db, "failed-8d").await, 0);
 }
 
-#[tokio::test]
-async fn inbox_messages_are_purged_the_same_way() {
+async fn inbox_messages_are_purged_the_same_way<D: Driver>() {
     let db = TestDb::new(2).await;
     insert_messages(
         &db,
@@ -286,7 +282,7 @@ async fn inbox_messages_are_purged_the_same_way() {
     )
     .await;
 
-    let report = Sweeper::new(db.pool.clone())
+    let report = Sweeper::new(D::pool(&db))
         .batch_size(7)
         .success_grace(Duration::from_secs(60))
         .failure_retention(Duration::from_secs(24 * 3600))
@@ -362,12 +358,11 @@ async fn states(db: &TestDb, scope: &str) -> Vec<(String, bool, bool)> {
         .collect()
 }
 
-#[tokio::test]
-async fn stale_processing_is_reported_and_left_alone_by_default() {
+async fn stale_processing_is_reported_and_left_alone_by_default<D: Driver>() {
     let db = TestDb::new(2).await;
     stale_fixture(&db).await;
 
-    let report = Sweeper::new(db.pool.clone()).run_once().await.unwrap();
+    let report = Sweeper::new(D::pool(&db)).run_once().await.unwrap();
     assert_eq!(report.stale_processing, 4, "{report:?}");
     let oldest = report.oldest_stale.expect("an oldest age");
     assert!(
@@ -389,13 +384,12 @@ async fn stale_processing_is_reported_and_left_alone_by_default() {
         "DELETE FROM idempotency_records WHERE scope LIKE 'lapsed%'",
     )
     .await;
-    let report = Sweeper::new(db.pool.clone()).run_once().await.unwrap();
+    let report = Sweeper::new(D::pool(&db)).run_once().await.unwrap();
     assert_eq!(report.stale_processing, 0);
     assert_eq!(report.oldest_stale, None);
 }
 
-#[tokio::test]
-async fn stale_processing_is_marked_failed_and_retryable_when_configured() {
+async fn stale_processing_is_marked_failed_and_retryable_when_configured<D: Driver>() {
     let db = TestDb::new(2).await;
     stale_fixture(&db).await;
     insert_records(
@@ -413,7 +407,7 @@ async fn stale_processing_is_marked_failed_and_retryable_when_configured() {
     )
     .await;
 
-    let sweeper = Sweeper::new(db.pool.clone())
+    let sweeper = Sweeper::new(D::pool(&db))
         .batch_size(2)
         .mark_stale_failed_after(Duration::from_secs(60));
     let report = sweeper.run_once().await.unwrap();
@@ -454,8 +448,7 @@ async fn stale_processing_is_marked_failed_and_retryable_when_configured() {
     assert_eq!(report.marked_failed, 0);
 }
 
-#[tokio::test]
-async fn rows_locked_by_live_traffic_are_skipped_not_waited_for() {
+async fn rows_locked_by_live_traffic_are_skipped_not_waited_for<D: Driver>() {
     let db = TestDb::new(2).await;
     insert_records(
         &db,
@@ -479,7 +472,7 @@ async fn rows_locked_by_live_traffic_are_skipped_not_waited_for() {
     .await
     .unwrap();
 
-    let sweeper = Sweeper::new(db.pool.clone()).batch_size(3);
+    let sweeper = Sweeper::new(D::pool(&db)).batch_size(3);
     let report = tokio::time::timeout(Duration::from_secs(5), sweeper.run_once())
         .await
         .expect("the sweeper waited for a locked row")
@@ -492,8 +485,7 @@ async fn rows_locked_by_live_traffic_are_skipped_not_waited_for() {
     assert_eq!((report.purged_records, report.purged_messages), (1, 1));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_sweepers_purge_each_row_exactly_once() {
+async fn concurrent_sweepers_purge_each_row_exactly_once<D: Driver>() {
     let db = TestDb::new(6).await;
     insert_records(
         &db,
@@ -515,7 +507,7 @@ async fn concurrent_sweepers_purge_each_row_exactly_once() {
     )
     .await;
 
-    let sweeper = Sweeper::new(db.pool.clone()).batch_size(200);
+    let sweeper = Sweeper::new(D::pool(&db)).batch_size(200);
     let (a, b) = (sweeper.clone(), sweeper.clone());
     let (a, b) = tokio::join!(
         tokio::spawn(async move { a.run_once().await }),
@@ -529,8 +521,7 @@ async fn concurrent_sweepers_purge_each_row_exactly_once() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn a_spawned_sweeper_purges_on_every_tick_and_stops_on_shutdown() {
+async fn a_spawned_sweeper_purges_on_every_tick_and_stops_on_shutdown<D: Driver>() {
     let db = TestDb::new(2).await;
     insert_records(
         &db,
@@ -541,7 +532,7 @@ async fn a_spawned_sweeper_purges_on_every_tick_and_stops_on_shutdown() {
         "NULL",
     )
     .await;
-    let handle = Sweeper::new(db.pool.clone())
+    let handle = Sweeper::new(D::pool(&db))
         .interval(Duration::from_millis(50))
         .spawn();
     eventually("the first sweep", || async { db.records().await == 0 }).await;
@@ -567,8 +558,7 @@ async fn a_spawned_sweeper_purges_on_every_tick_and_stops_on_shutdown() {
     db.assert_settles().await;
 }
 
-#[tokio::test]
-async fn shutdown_does_not_wait_for_the_next_interval() {
+async fn shutdown_does_not_wait_for_the_next_interval<D: Driver>() {
     let db = TestDb::new(2).await;
     insert_records(
         &db,
@@ -579,7 +569,7 @@ async fn shutdown_does_not_wait_for_the_next_interval() {
         "NULL",
     )
     .await;
-    let handle = Sweeper::new(db.pool.clone())
+    let handle = Sweeper::new(D::pool(&db))
         .interval(Duration::from_secs(3600))
         .spawn();
     eventually("the immediate first sweep", || async {
@@ -599,17 +589,16 @@ fn scoped_request(user: &str, key: &str, amount: i64) -> axum::http::Request<axu
     request
 }
 
-#[tokio::test]
-async fn admin_lookup_finds_a_record_by_scope_and_key() {
+async fn admin_lookup_finds_a_record_by_scope_and_key<D: Driver>() {
     let db = TestDb::new(4).await;
     let app = router(
         Arc::new(Knobs::default()),
-        scoped(IdempotencyLayer::new(db.pool.clone()).store_raw_key(true)),
+        scoped(IdempotencyLayer::new(D::pool(&db)).store_raw_key(true)),
     );
     let before = SystemTime::now() - Duration::from_secs(5);
     let answer = send(&app, scoped_request("alice", "order-1", 5)).await;
     assert_eq!(answer.status, 201);
-    let admin = Admin::new(db.pool.clone());
+    let admin = Admin::new(D::pool(&db));
 
     let record = admin
         .lookup("alice", "order-1")
@@ -667,12 +656,11 @@ async fn admin_lookup_finds_a_record_by_scope_and_key() {
     ));
 }
 
-#[tokio::test]
-async fn admin_lookup_shows_no_key_unless_the_layer_stores_it() {
+async fn admin_lookup_shows_no_key_unless_the_layer_stores_it<D: Driver>() {
     let db = TestDb::new(4).await;
     let app = router(
         Arc::new(Knobs::default()),
-        IdempotencyLayer::new(db.pool.clone()),
+        IdempotencyLayer::new(D::pool(&db)),
     );
     let answer = send(
         &app,
@@ -680,7 +668,7 @@ async fn admin_lookup_shows_no_key_unless_the_layer_stores_it() {
     )
     .await;
     assert_eq!(answer.status, 201);
-    let record = Admin::new(db.pool.clone())
+    let record = Admin::new(D::pool(&db))
         .lookup("", "k-2")
         .await
         .unwrap()
@@ -689,8 +677,7 @@ async fn admin_lookup_shows_no_key_unless_the_layer_stores_it() {
     assert_eq!(record.scope, "");
 }
 
-#[tokio::test]
-async fn admin_stale_lists_processing_rows_past_their_lease_oldest_first() {
+async fn admin_stale_lists_processing_rows_past_their_lease_oldest_first<D: Driver>() {
     let db = TestDb::new(2).await;
     let expires = "now() + interval '1 hour'";
     insert_records(
@@ -732,7 +719,7 @@ async fn admin_stale_lists_processing_rows_past_their_lease_oldest_first() {
     insert_records(&db, 1, "done", "SUCCESS", expires, "NULL").await;
     insert_records(&db, 1, "failed", "FAILED", expires, "NULL").await;
 
-    let admin = Admin::new(db.pool.clone());
+    let admin = Admin::new(D::pool(&db));
     let stale = admin.stale(10).await.unwrap();
     let scopes: Vec<_> = stale.iter().map(|r| r.scope.as_str()).collect();
     assert_eq!(scopes, ["lapsed-5m", "lapsed-1m", "lapsed-10s"]);
@@ -747,10 +734,9 @@ async fn admin_stale_lists_processing_rows_past_their_lease_oldest_first() {
     assert!(admin.stale(0).await.unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn admin_shows_inbox_messages_and_failed_ones() {
+async fn admin_shows_inbox_messages_and_failed_ones<D: Driver>() {
     let db = TestDb::new(2).await;
-    let inbox = Inbox::new(db.pool.clone(), "coupons");
+    let inbox = Inbox::new(D::pool(&db), "coupons");
     let payload = b"{\"user_id\":1}";
     let outcome = inbox
         .process_payload("m-ok", payload, |_tx| async move { Ok::<_, Error>(()) })
@@ -768,7 +754,7 @@ async fn admin_shows_inbox_messages_and_failed_ones() {
             "{failed:?}"
         );
     }
-    let admin = Admin::new(db.pool.clone());
+    let admin = Admin::new(D::pool(&db));
 
     let ok = admin
         .inbox_message("coupons", "m-ok")
@@ -808,8 +794,7 @@ async fn admin_shows_inbox_messages_and_failed_ones() {
     );
 }
 
-#[tokio::test]
-async fn admin_purge_now_uses_the_default_retention() {
+async fn admin_purge_now_uses_the_default_retention<D: Driver>() {
     let db = TestDb::new(2).await;
     insert_records(
         &db,
@@ -840,7 +825,7 @@ async fn admin_purge_now_uses_the_default_retention() {
     .await;
     insert_messages(&db, 6, "g", "SUCCESS", "now() - interval '1 minute'").await;
 
-    let report = Admin::new(db.pool.clone()).purge_now().await.unwrap();
+    let report = Admin::new(D::pool(&db)).purge_now().await.unwrap();
     assert_eq!(report.purged_records, 3 + 5, "{report:?}");
     assert_eq!(report.purged_messages, 6, "{report:?}");
     assert_eq!(in_scope(&db, "failed-1d").await, 4);
@@ -848,8 +833,7 @@ async fn admin_purge_now_uses_the_default_retention() {
 
 /// A local recorder sees only this thread, so the test drives its own single-threaded
 /// runtime instead of `#[tokio::test]`'s.
-#[test]
-fn a_sweep_emits_the_documented_metrics() {
+fn a_sweep_emits_the_documented_metrics<D: Driver>() {
     let capture = Arc::new(Capture::default());
     let recorder = Recorder(Arc::clone(&capture));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -888,7 +872,7 @@ fn a_sweep_emits_the_documented_metrics() {
                 "now() - interval '5 seconds'",
             )
             .await;
-            Sweeper::new(db.pool.clone())
+            Sweeper::new(D::pool(&db))
                 .mark_stale_failed_after(Duration::from_secs(60))
                 .run_once()
                 .await
@@ -911,4 +895,39 @@ fn a_sweep_emits_the_documented_metrics() {
     let oldest = value("idempotency_stale_processing_oldest_seconds{}");
     assert!((120.0..150.0).contains(&oldest), "{oldest}");
     assert_eq!(value("idempotency_stale_marked_failed_total{}"), 1.0);
+}
+
+for_each_driver! {
+    #[tokio::test]
+    async batched_purge_removes_exactly_the_expired_rows;
+    #[tokio::test]
+    async success_is_purged_after_its_grace_and_failures_after_their_retention;
+    #[tokio::test]
+    async default_retention_purges_success_at_expiry_and_keeps_failures_a_week;
+    #[tokio::test]
+    async inbox_messages_are_purged_the_same_way;
+    #[tokio::test]
+    async stale_processing_is_reported_and_left_alone_by_default;
+    #[tokio::test]
+    async stale_processing_is_marked_failed_and_retryable_when_configured;
+    #[tokio::test]
+    async rows_locked_by_live_traffic_are_skipped_not_waited_for;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async concurrent_sweepers_purge_each_row_exactly_once;
+    #[tokio::test]
+    async a_spawned_sweeper_purges_on_every_tick_and_stops_on_shutdown;
+    #[tokio::test]
+    async shutdown_does_not_wait_for_the_next_interval;
+    #[tokio::test]
+    async admin_lookup_finds_a_record_by_scope_and_key;
+    #[tokio::test]
+    async admin_lookup_shows_no_key_unless_the_layer_stores_it;
+    #[tokio::test]
+    async admin_stale_lists_processing_rows_past_their_lease_oldest_first;
+    #[tokio::test]
+    async admin_shows_inbox_messages_and_failed_ones;
+    #[tokio::test]
+    async admin_purge_now_uses_the_default_retention;
+    #[test]
+    sync a_sweep_emits_the_documented_metrics;
 }

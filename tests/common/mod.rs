@@ -425,7 +425,7 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     if !binary.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let status = std::process::Command::new(cargo)
-            .args(["build", "--example", name])
+            .args(["build", "--all-features", "--example", name])
             .status()
             .unwrap();
         assert!(status.success(), "building the {name} example failed");
@@ -437,8 +437,13 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
 /// variables; returns it and the address it printed. Its output keeps being drained, so
 /// it never writes into a closed pipe; it is killed when the handle drops.
 pub async fn start_orders_example(env: &[(&str, &str)]) -> (tokio::process::Child, String) {
+    start_example("orders", env).await
+}
+
+/// Like [`start_orders_example`], for an example of the same contract (`orders_sqlx`).
+pub async fn start_example(name: &str, env: &[(&str, &str)]) -> (tokio::process::Child, String) {
     use tokio::io::AsyncBufReadExt;
-    let mut command = tokio::process::Command::new(example_binary("orders"));
+    let mut command = tokio::process::Command::new(example_binary(name));
     command
         .env("BIND_ADDR", "127.0.0.1:0")
         .stdout(std::process::Stdio::piped())

@@ -1,0 +1,240 @@
+//! The create-order service of `examples/orders.rs` on sqlx: the same environment, routes,
+//! answers and tables, with an `sqlx::PgPool` and `sqlx` queries in the handlers.
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --example orders_sqlx --features sqlx
+//! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: k1' \
+//!      -H 'content-type: application/json' -d '{"user_id": 1001, "amount": 299}'
+//! curl localhost:3000/metrics
+//! ```
+//!
+//! `PREPARED_STATEMENTS=false` (for a PgBouncer without prepared-statement support) sends
+//! the layer's statements and the handlers' unprepared.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use axum_idempotency::IdempotencyLayer;
+use axum_idempotency::sqlx::{IdempotentTx, SqlxStore};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tower_http::trace::TraceLayer;
+
+#[derive(Deserialize)]
+struct NewOrder {
+    user_id: i64,
+    amount: i64,
+}
+
+#[derive(Serialize, sqlx::FromRow)]
+struct Order {
+    order_no: String,
+    user_id: i64,
+    amount: i64,
+}
+
+/// Handler errors, as problem documents.
+enum AppError {
+    InvalidAmount,
+    Database(sqlx::Error),
+}
+
+impl From<sqlx::Error> for AppError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let (status, detail) = match self {
+            Self::InvalidAmount => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "amount must be positive".to_owned(),
+            ),
+            Self::Database(e) => {
+                eprintln!("database error: {e}");
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database is unavailable".to_owned(),
+                )
+            }
+        };
+        let body = serde_json::json!({
+            "type": "about:blank",
+            "title": status.canonical_reason(),
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        (
+            status,
+            [("content-type", "application/problem+json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// `PREPARED_STATEMENTS`: `false` for a PgBouncer without prepared-statement support.
+static PREPARED_STATEMENTS: OnceLock<bool> = OnceLock::new();
+
+fn prepared_statements() -> bool {
+    *PREPARED_STATEMENTS.get().unwrap_or(&true)
+}
+
+/// Creates an order. The order row and the idempotency record commit together.
+async fn create_order(
+    mut tx: IdempotentTx,
+    Json(order): Json<NewOrder>,
+) -> Result<impl IntoResponse, AppError> {
+    if order.amount <= 0 {
+        return Err(AppError::InvalidAmount);
+    }
+    let order_no: String = sqlx::query_scalar(
+        "INSERT INTO orders (order_no, user_id, amount) \
+         VALUES ('ORD-' || nextval('orders_no_seq'), $1, $2) RETURNING order_no",
+    )
+    .bind(order.user_id)
+    .bind(order.amount)
+    .persistent(prepared_statements())
+    .fetch_one(&mut *tx)
+    .await?;
+    let location = format!("/orders/{order_no}");
+    Ok((
+        StatusCode::CREATED,
+        [("location", location)],
+        Json(Order {
+            order_no,
+            user_id: order.user_id,
+            amount: order.amount,
+        }),
+    ))
+}
+
+async fn get_order(
+    State(pool): State<PgPool>,
+    Path(order_no): Path<String>,
+) -> Result<Response, AppError> {
+    let order: Option<Order> =
+        sqlx::query_as("SELECT order_no, user_id, amount FROM orders WHERE order_no = $1")
+            .bind(order_no)
+            .persistent(prepared_statements())
+            .fetch_optional(&pool)
+            .await?;
+    Ok(match order {
+        Some(order) => Json(order).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    })
+}
+
+/// The application: the idempotent routes under the layer, `/metrics` beside them.
+fn app(
+    pool: PgPool,
+    idempotency: IdempotencyLayer<SqlxStore>,
+    metrics: PrometheusHandle,
+) -> Router {
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/{order_no}", get(get_order))
+        .layer(idempotency)
+        .with_state(pool)
+        .route(
+            "/metrics",
+            get(move || std::future::ready(metrics.render())),
+        )
+        .layer(TraceLayer::new_for_http())
+}
+
+async fn create_schema(pool: &PgPool) -> Result<(), axum_idempotency::Error> {
+    axum_idempotency::migrate(pool).await?;
+    sqlx::raw_sql(
+        "CREATE SEQUENCE IF NOT EXISTS orders_no_seq;
+         CREATE TABLE IF NOT EXISTS orders (
+             order_no   text        PRIMARY KEY,
+             user_id    bigint      NOT NULL,
+             amount     bigint      NOT NULL,
+             created_at timestamptz NOT NULL DEFAULT now()
+         );",
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "axum_idempotency=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let metrics = PrometheusBuilder::new().install_recorder()?;
+    let database_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+    let bind: SocketAddr = std::env::var("BIND_ADDR")
+        .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
+        .parse()?;
+    let prepared = match std::env::var("PREPARED_STATEMENTS") {
+        Ok(value) => value
+            .parse::<bool>()
+            .map_err(|_| format!("PREPARED_STATEMENTS must be `true` or `false`, not {value:?}"))?,
+        Err(_) => true,
+    };
+    PREPARED_STATEMENTS.get_or_init(|| prepared);
+
+    let pool = PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&database_url)
+        .await?;
+    create_schema(&pool).await?;
+
+    let idempotency = IdempotencyLayer::new(pool.clone())
+        .scope(|parts| {
+            parts
+                .headers
+                .get("x-user-id")?
+                .to_str()
+                .ok()
+                .map(str::to_owned)
+        })
+        .prepared_statements(prepared);
+    let listener = tokio::net::TcpListener::bind(bind).await?;
+    println!(
+        "orders example listening on http://{}",
+        listener.local_addr()?
+    );
+    axum::serve(listener, app(pool, idempotency.clone(), metrics))
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    idempotency.drain().await;
+    println!("orders example stopped");
+    Ok(())
+}
