@@ -4,6 +4,8 @@
 //! request's [`Store`](crate::Store).
 
 pub(crate) mod config;
+pub(crate) mod extract;
+mod fronts;
 mod future;
 mod layer;
 pub(crate) mod lease;

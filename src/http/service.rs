@@ -18,10 +18,9 @@ use super::{IdempotencyLayer, ResponseFuture};
 use crate::engine::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
 use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::config::Config;
+use crate::http::extract::{Idempotent, KeyInvalid, KeyMissing, Keyed, MethodNotCovered};
 use crate::http::rejection::{Rejection, RejectionKind, finalize};
-use crate::http::request::{
-    Idempotent, KeyInvalid, KeyMissing, Keyed, MethodNotCovered, RequestState,
-};
+use crate::http::request::RequestState;
 use crate::postgres::PgStore;
 use crate::store::{IntoStore, Store};
 

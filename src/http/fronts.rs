@@ -1,0 +1,138 @@
+//! The answers found before PostgreSQL is asked: the in-process cache of completed
+//! responses and the Redis front line (feature `redis`), and what a completed request
+//! leaves there for its retries.
+
+#[cfg(feature = "redis")]
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::telemetry::{self, RequestOutcome};
+use crate::http::rejection::{Rejection, RejectionKind};
+use crate::http::request::{RequestState, replay};
+use crate::store::Store;
+
+impl<D: Store> RequestState<D> {
+    /// A replay straight from the in-process cache, if it is on and holds the key.
+    pub(crate) fn answer_from_cache(&self) -> Option<Response> {
+        let cached = self.config.cache.as_ref()?.get(self.id)?;
+        Some(self.answer_completed(
+            cached.fingerprint,
+            cached.status,
+            cached.headers.clone(),
+            cached.body.clone(),
+        ))
+    }
+
+    /// A completed response found before PostgreSQL was asked: replayed to the same
+    /// request, 422 to another.
+    pub(crate) fn answer_completed(
+        &self,
+        fingerprint: Fingerprint,
+        status: StatusCode,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        if fingerprint != self.fingerprint {
+            telemetry::request(RequestOutcome::PayloadMismatch);
+            return self.reject(Rejection::new(
+                RejectionKind::KeyReused,
+                "this Idempotency-Key was already used for a different request",
+            ));
+        }
+        replay(status, headers, body)
+    }
+
+    /// The Redis front line's answer, if it has one: a completed response, or 409 while
+    /// another request holds the key. With `lock`, a request that goes on to PostgreSQL
+    /// holds the in-flight lock for that long (plus a margin) or until it ends.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn answer_from_redis(&self, lock: Option<Duration>) -> Option<Response> {
+        use crate::engine::front::redis::{LOCK_MARGIN, Lookup};
+        let front = self.config.redis.as_ref()?;
+        match front
+            .lookup(self.id, lock.map(|lock| lock + LOCK_MARGIN))
+            .await
+        {
+            Lookup::Hit(found) => {
+                if let (Some(cache), Some(ttl)) = (&self.config.cache, found.ttl) {
+                    let (headers, body) = (found.headers.clone(), found.body.clone());
+                    cache.insert(self.id, found.fingerprint, found.status, headers, body, ttl);
+                }
+                Some(self.answer_completed(
+                    found.fingerprint,
+                    found.status,
+                    found.headers,
+                    found.body,
+                ))
+            }
+            Lookup::InFlight => {
+                tracing::debug!(record = %self.id, "in flight (Redis)");
+                telemetry::request(RequestOutcome::InFlight);
+                Some(self.reject(self.in_flight(self.config.retry_after)))
+            }
+            Lookup::Miss { locked } => {
+                self.redis_lock.store(locked, Ordering::Release);
+                None
+            }
+            Lookup::Unavailable => None,
+        }
+    }
+
+    #[cfg(not(feature = "redis"))]
+    pub(crate) async fn answer_from_redis(&self, _lock: Option<Duration>) -> Option<Response> {
+        None
+    }
+
+    /// Gives the Redis in-flight lock back, if this request holds it.
+    pub(crate) async fn release_redis_lock(&self) {
+        #[cfg(feature = "redis")]
+        if self.redis_lock.swap(false, Ordering::AcqRel) {
+            if let Some(front) = &self.config.redis {
+                front.release(self.id).await;
+            }
+        }
+    }
+
+    /// Keeps a completed response where the next retry finds it before PostgreSQL: the
+    /// in-process cache and the Redis front line, whichever are on. Giving the Redis lock
+    /// back rides along with the write.
+    pub(crate) async fn remember(
+        &self,
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &Bytes,
+        ttl: Duration,
+    ) {
+        #[cfg(feature = "redis")]
+        if let Some(front) = &self.config.redis {
+            let release = self.redis_lock.swap(false, Ordering::AcqRel);
+            front
+                .store(
+                    self.id,
+                    self.fingerprint,
+                    status,
+                    headers,
+                    body,
+                    ttl,
+                    release,
+                )
+                .await;
+        }
+        if let Some(cache) = &self.config.cache {
+            // Copies only when the cache is on: a replay from the database clones nothing.
+            cache.insert(
+                self.id,
+                self.fingerprint,
+                status,
+                headers.clone(),
+                body.clone(),
+                ttl,
+            );
+        }
+    }
+}
