@@ -807,7 +807,73 @@ async fn a_record_committed_behind_the_claims_back_is_caught_by_the_primary_key<
     db.assert_settles().await;
 }
 
+/// The race a claim must not lose: a duplicate whose lock attempt comes after the first
+/// request committed, but whose statement began before. A claim that looked the record up
+/// in the same statement as it took the lock would have a snapshot from before the commit,
+/// find no record, get the lock, and run the handler a second time (the primary key would
+/// catch it only after). The claim looks again in a statement after the lock, and replays.
+///
+/// Deterministic: the test's schema shadows `pg_try_advisory_xact_lock(bigint)` with one
+/// that sleeps first, and the first request commits while the duplicate sleeps there.
+async fn a_duplicate_whose_lock_follows_the_first_commit_replays<D: Driver>() {
+    let db = TestDb::shadowing(
+        4,
+        "CREATE FUNCTION pg_try_advisory_xact_lock(bigint) RETURNS boolean \
+         LANGUAGE plpgsql VOLATILE AS $$ \
+         BEGIN PERFORM pg_catalog.pg_sleep(0.4); \
+         RETURN pg_catalog.pg_try_advisory_xact_lock($1); END $$",
+    )
+    .await;
+    let (knobs, gate) = gated();
+    let app = router(Arc::clone(&knobs), IdempotencyLayer::new(D::pool(&db)));
+    let body = json!({"amount": 42});
+    let first = tokio::spawn({
+        let (app, body) = (app.clone(), body.clone());
+        async move { send(&app, post_json("/orders", Some("race-1"), &body)).await }
+    });
+    // The first request holds the key's lock and waits at the gate with its order written.
+    knobs.wait_inserted().await;
+    let duplicate = tokio::spawn({
+        let (app, body) = (app.clone(), body.clone());
+        async move { send(&app, post_json("/orders", Some("race-1"), &body)).await }
+    });
+    // The duplicate's claim is inside the shadowed lock attempt...
+    eventually(
+        "the duplicate to sleep before its lock attempt",
+        async || {
+            db.admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event = 'PgSleep'",
+                    &[&db.schema],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        },
+    )
+    .await;
+    // ... when the first request commits and lets go of the lock. (A second permit lets a
+    // duplicate that wrongly ran the handler through, to be counted below.)
+    gate.add_permits(2);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let duplicate = duplicate.await.unwrap();
+    assert_eq!(duplicate.status, StatusCode::CREATED);
+    assert!(
+        duplicate.replayed(),
+        "the duplicate is answered by a replay"
+    );
+    assert_eq!(duplicate.body, first.body);
+    assert_eq!(knobs.calls(), 1, "the handler ran once");
+    assert_eq!((db.orders().await, db.records().await), (1, 1));
+    db.assert_settles().await;
+}
+
 for_each_driver! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async a_duplicate_whose_lock_follows_the_first_commit_replays;
     #[tokio::test]
     async first_request_commits_record_with_business_rows;
     #[tokio::test]

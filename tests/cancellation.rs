@@ -199,7 +199,7 @@ async fn dropped_during_the_claim_round_trip<D: Driver>() {
     let (app, knobs, _pool) = inline_app::<D>(&db);
     warm_up(&db, &app).await;
     let calls = knobs.calls();
-    // Hold the table so the claim (pipelined after BEGIN) blocks.
+    // Hold the table so the claim's lookup of the record blocks.
     let blocker = connect(&database_url()).await;
     blocker
         .batch_execute(&format!(
@@ -213,9 +213,10 @@ async fn dropped_during_the_claim_round_trip<D: Driver>() {
         Some("drop-claim"),
         &json!({"amount": 1}),
     )));
-    // BEGIN and the claim went out together; the claim's lookup waits for the table.
+    // The claim's first read of the record waits for the table: the lookup outside any
+    // transaction (tokio-postgres), or the claim function after BEGIN (sqlx).
     eventually("the claim to block", async || {
-        waiting_on_lock(&db, "SELECT * FROM axum_idempotency_claim").await
+        waiting_on_lock(&db, "SELECT").await
     })
     .await;
     task.abort();

@@ -124,6 +124,24 @@ pub enum Claim {
 }
 
 impl Claim {
+    /// The answer a lookup outside any transaction can give on its own: a live record that
+    /// is final (replayed, or 422 to another request) or held by a lease-mode holder within
+    /// its lease (409). Such a record cannot change under the answer — a final one never
+    /// changes, and a lease is answered 409 whatever happens next. `None`: the key may be
+    /// free, so the claim must take the lock and look again.
+    pub(crate) fn from_peek(found: Option<RecordRow>) -> Option<Self> {
+        let existing = Existing::from(found?);
+        let settled = !existing.expired
+            && matches!(
+                existing.kind,
+                ExistingKind::Completed(_) | ExistingKind::Leased { .. }
+            );
+        settled.then_some(Self::Existing {
+            existing,
+            holds_lock: false,
+        })
+    }
+
     /// The claim's decision once the record (if any) was read.
     pub(crate) fn decide(locked: bool, found: Option<RecordRow>, fingerprint: Fingerprint) -> Self {
         match (locked, found) {
@@ -378,6 +396,31 @@ mod tests {
             expires_in: 60.0,
             body_key_id: None,
         }
+    }
+
+    #[test]
+    fn a_peek_settles_only_final_and_leased_records() {
+        assert!(Claim::from_peek(None).is_none());
+        assert!(matches!(
+            Claim::from_peek(Some(row("SUCCESS", [1; 32]))),
+            Some(Claim::Existing {
+                holds_lock: false,
+                ..
+            })
+        ));
+        let mut failed = row("FAILED", [1; 32]);
+        failed.retryable = false;
+        assert!(Claim::from_peek(Some(failed)).is_some());
+        // A retryable failure or an abandoned lease may be taken over: lock first.
+        assert!(Claim::from_peek(Some(row("FAILED", [1; 32]))).is_none());
+        assert!(Claim::from_peek(Some(row("PROCESSING", [1; 32]))).is_none());
+        let mut leased = row("PROCESSING", [1; 32]);
+        leased.lease_left = Some(5);
+        assert!(Claim::from_peek(Some(leased)).is_some());
+        // An expired record counts as absent.
+        let mut expired = row("SUCCESS", [1; 32]);
+        expired.expired = true;
+        assert!(Claim::from_peek(Some(expired)).is_none());
     }
 
     #[test]

@@ -18,9 +18,9 @@ pub(crate) struct Sql {
     pub(crate) types: &'static [Type],
 }
 
-pub(crate) const CLAIM: Sql = Sql {
-    text: sql::CLAIM,
-    types: &[Type::UUID, Type::INT8],
+pub(crate) const TRY_LOCK: Sql = Sql {
+    text: sql::TRY_LOCK,
+    types: &[Type::INT8],
 };
 pub(crate) const WAIT_LOCK: Sql = Sql {
     text: sql::WAIT_LOCK,
@@ -145,7 +145,7 @@ pub(crate) const ADMIN_FAILED_MESSAGES: Sql = Sql {
 /// Every statement above, for the check of their declared parameter types.
 #[cfg(test)]
 pub(crate) const STATEMENTS: &[&Sql] = &[
-    &CLAIM,
+    &TRY_LOCK,
     &WAIT_LOCK,
     &SET_LOCK_TIMEOUT,
     &LOOKUP,

@@ -138,42 +138,50 @@ impl Store for PgStore {
         Ok(())
     }
 
-    /// By default, `BEGIN` and one call of the claim function are pipelined. With `wait`,
-    /// the lock is awaited (bounded by a transaction-local `lock_timeout`, reset before the
-    /// handler runs) and the lookup runs as a statement of its own after it.
+    /// By default, first a lookup outside any transaction (a replay, a 422 or a 409 for a
+    /// leased key needs nothing more), then `BEGIN`, the lock attempt and the lookup again,
+    /// pipelined in one round trip: the second lookup is a statement of its own after the
+    /// lock, so its READ COMMITTED snapshot sees whatever the previous holder committed.
+    /// With `wait`, the lock is awaited (bounded by a transaction-local `lock_timeout`,
+    /// reset before the handler runs) instead of tried.
     async fn claim(
         &self,
         id: RecordId,
         fingerprint: Fingerprint,
         wait: Option<Duration>,
     ) -> Result<(Claim, TxConn), Error> {
-        let conn = TxConn::new(self.checkout().await?, self.prepared);
+        let mut conn = TxConn::new(self.checkout().await?, self.prepared);
         let db = self.db(conn.pooled());
         let client = db.client();
         let lock_key = id.lock_key();
+        let lookup = db.prepare(&db::LOOKUP).await?;
+        let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
         let Some(wait) = wait else {
-            let claim = db.prepare(&db::CLAIM).await?;
-            let params: [&(dyn ToSql + Sync); 2] = [&id, &lock_key];
-            let (begin, row) =
-                tokio::join!(biased; client.batch_execute("BEGIN"), db.query_one(&claim, &params));
+            let peeked = db.query_opt(&lookup, &lookup_params).await?;
+            let peeked = peeked.map(|row| record_row(&row, 9)).transpose()?;
+            if let Some(claim) = Claim::from_peek(peeked) {
+                // Outside any transaction: the connection is clean.
+                conn.mark_ended();
+                return Ok((claim, conn));
+            }
+            let try_lock = db.prepare(&db::TRY_LOCK).await?;
+            let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+            let (begin, locked, found) = tokio::join!(
+                biased;
+                client.batch_execute("BEGIN"),
+                db.query_one(&try_lock, &lock_params),
+                db.query_opt(&lookup, &lookup_params),
+            );
             begin?;
-            let row = row?;
-            let locked: bool = row.try_get(9)?;
-            let found: bool = row.try_get(10)?;
-            let found = if found {
-                Some(record_row(&row, 11)?)
-            } else {
-                None
-            };
+            let locked: bool = locked?.try_get(0)?;
+            let found = found?.map(|row| record_row(&row, 9)).transpose()?;
             return Ok((Claim::decide(locked, found, fingerprint), conn));
         };
-        let lookup = db.prepare(&db::LOOKUP).await?;
         let set_timeout = db.prepare(&db::SET_LOCK_TIMEOUT).await?;
         let lock = db.prepare(&db::WAIT_LOCK).await?;
         let timeout = lock_timeout(wait);
         let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
         let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
-        let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
         let (begin, timeout_set, locked, reset, found) = tokio::join!(
             biased;
             client.batch_execute("BEGIN"),

@@ -3,13 +3,38 @@
 //! unprepared). Tables are used without a schema qualifier, so they live in the first
 //! schema of the connections' `search_path`.
 
-/// The default claim (migrations 0004 and 0005): a completed record is returned without
-/// taking the lock (it never changes); otherwise the key's transaction-scoped advisory lock
-/// is tried and the record read again in a fresh READ COMMITTED snapshot. `$1` record id,
-/// `$2` lock key. Columns as [`LOOKUP`], then `locked`, `found`.
-pub(crate) const CLAIM: &str = "SELECT * FROM axum_idempotency_claim_v2($1, $2)";
+/// The advisory lock of a record: its 64-bit key with the oid of the table the record
+/// lives in mixed into the high half. Advisory locks are per database, records per schema:
+/// without the table, the same key in two schemas of one database (two services, two
+/// test schemas) would wait for each other. The cast to `regclass` is resolved at planning
+/// through the `search_path`, like the tables the statements use.
+macro_rules! lock_key {
+    ($param:literal) => {
+        concat!(
+            "(",
+            $param,
+            " # ('idempotency_records'::regclass::oid::int8 << 32))"
+        )
+    };
+}
+
+/// The claim in one call of a function (migrations 0004 and 0005), for a driver that
+/// cannot pipeline (sqlx): a completed record is returned without taking the lock (it
+/// never changes); otherwise the key's transaction-scoped advisory lock is tried and the
+/// record read again in a statement of its own, whose READ COMMITTED snapshot is taken
+/// after the lock. `$1` record id, `$2` lock key. Columns as [`LOOKUP`], then `locked`,
+/// `found`.
+pub(crate) const CLAIM: &str = concat!(
+    "SELECT * FROM axum_idempotency_claim_v2($1, ",
+    lock_key!("$2"),
+    ")"
+);
+/// Tries the key's transaction-scoped lock. `$1` lock key.
+pub(crate) const TRY_LOCK: &str =
+    concat!("SELECT pg_try_advisory_xact_lock(", lock_key!("$1"), ")");
 /// Waits for the key's lock; bounded by [`SET_LOCK_TIMEOUT`]. `$1` lock key.
-pub(crate) const WAIT_LOCK: &str = "SELECT pg_advisory_xact_lock($1)::text";
+pub(crate) const WAIT_LOCK: &str =
+    concat!("SELECT pg_advisory_xact_lock(", lock_key!("$1"), ")::text");
 /// A transaction-local `lock_timeout`. `$1` e.g. `250ms`.
 pub(crate) const SET_LOCK_TIMEOUT: &str = "SELECT set_config('lock_timeout', $1, true)";
 /// The wait's lock timeout must not apply to the handler's own statements.

@@ -144,7 +144,7 @@ impl Driver for Bb8 {
 
     fn pool(db: &TestDb) -> Self::Pool {
         let mut config: tokio_postgres::Config = database_url().parse().unwrap();
-        config.options(format!("-c search_path={}", db.schema));
+        config.options(format!("-c search_path={}", db.search_path));
         config.application_name(&db.schema);
         bb8::Pool::builder()
             .max_size(db.pool_size as u32)
@@ -179,7 +179,7 @@ impl Driver for Sqlx {
     fn pool(db: &TestDb) -> Self::Pool {
         let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
         let options = options
-            .options([("search_path", db.schema.as_str())])
+            .options([("search_path", db.search_path.as_str())])
             .application_name(&db.schema);
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(db.pool_size as u32)

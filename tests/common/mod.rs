@@ -51,6 +51,9 @@ pub struct TestDb {
     /// The size the test asked for: the deadpool pool's, and that of the pools
     /// [`Driver::pool`] makes.
     pub pool_size: usize,
+    /// The search path of those pools: the schema alone, unless the test put another one
+    /// before `pg_catalog` ([`TestDb::shadowing`]).
+    pub search_path: String,
     pub pool: Pool,
     /// A connection outside the pool, for checks.
     pub admin: tokio_postgres::Client,
@@ -79,8 +82,13 @@ pub async fn connect(url: &str) -> tokio_postgres::Client {
 }
 
 pub fn pool_for(schema: &str, max_size: usize) -> Pool {
+    pool_with_search_path(schema, schema, max_size)
+}
+
+/// A pool whose connections are named after `schema` and search `search_path`.
+pub fn pool_with_search_path(schema: &str, search_path: &str, max_size: usize) -> Pool {
     let mut config: tokio_postgres::Config = database_url().parse().unwrap();
-    config.options(format!("-c search_path={schema}"));
+    config.options(format!("-c search_path={search_path}"));
     config.application_name(schema);
     let manager = Manager::from_config(
         config,
@@ -109,6 +117,7 @@ impl TestDb {
             .unwrap();
         let pool = pool_for(&schema, pool_size);
         Self {
+            search_path: schema.clone(),
             schema,
             pool_size,
             pool,
@@ -123,6 +132,21 @@ impl TestDb {
         let client = db.pool.get().await.unwrap();
         client.batch_execute(TEST_TABLES).await.unwrap();
         drop(client);
+        db
+    }
+
+    /// A migrated schema with the test tables whose pools search it before `pg_catalog`,
+    /// so that a function created in it (`shadow_sql`, run first) stands in for a built-in
+    /// one of the same name and signature.
+    pub async fn shadowing(pool_size: usize, shadow_sql: &str) -> Self {
+        let mut db = Self::new(pool_size).await;
+        db.admin
+            .batch_execute(&format!("SET search_path = {}; {shadow_sql}", db.schema))
+            .await
+            .unwrap();
+        db.search_path = format!("{},pg_catalog", db.schema);
+        db.pool.close();
+        db.pool = pool_with_search_path(&db.schema, &db.search_path, pool_size);
         db
     }
 
