@@ -309,8 +309,8 @@ impl Store for PgStore {
         Ok(row.map(|row| record_row(&row, 9)).transpose()?)
     }
 
-    /// Commits the PROCESSING record (autocommit, one statement) and, pipelined in the same
-    /// round trip, reads the record in case the key was not free.
+    /// Commits the PROCESSING record (autocommit, one statement); only when the key was not
+    /// free is the record read, to say why.
     async fn lease_acquire(
         &self,
         record: &NewRecord<'_>,
@@ -319,7 +319,6 @@ impl Store for PgStore {
         let conn = self.checkout().await?;
         let db = self.db(&*conn);
         let acquire = db.prepare(&db::LEASE_ACQUIRE).await?;
-        let lookup = db.prepare(&db::LOOKUP).await?;
         let fingerprint = &record.fingerprint.0[..];
         let (lease, ttl) = (lease.as_secs_f64(), record.ttl.as_secs_f64());
         let acquire_params: [&(dyn ToSql + Sync); 6] = [
@@ -330,13 +329,7 @@ impl Store for PgStore {
             &lease,
             &ttl,
         ];
-        let lookup_params: [&(dyn ToSql + Sync); 1] = [&record.id];
-        let (acquired, found) = tokio::join!(
-            biased;
-            db.query_opt(&acquire, &acquire_params),
-            db.query_opt(&lookup, &lookup_params),
-        );
-        if let Some(row) = acquired? {
+        if let Some(row) = db.query_opt(&acquire, &acquire_params).await? {
             return Ok(LeaseClaim::Acquired {
                 token: row.try_get(0)?,
                 // An upsert that updated leaves its transaction in the row's `xmax`; a
@@ -344,7 +337,9 @@ impl Store for PgStore {
                 took_over: row.try_get(1)?,
             });
         }
-        let found = found?.map(|row| record_row(&row, 9)).transpose()?;
+        let lookup = db.prepare(&db::LOOKUP).await?;
+        let found = db.query_opt(&lookup, &[&record.id]).await?;
+        let found = found.map(|row| record_row(&row, 9)).transpose()?;
         Ok(LeaseClaim::not_acquired(found, record.fingerprint))
     }
 
