@@ -8,11 +8,15 @@
 //! cargo bench --bench idempotency --all-features -- --sweep 1000000    # + a purge under load
 //! cargo bench --bench idempotency --all-features -- --only new,replay  # bare and these
 //! cargo bench --bench idempotency --all-features -- --rounds 5         # default 3
+//! cargo bench --bench idempotency --all-features -- --seconds 8        # each run 8 s long
+//! cargo bench --bench idempotency --all-features -- --concurrency 16   # default 1,16,64
 //! ```
 //!
 //! Every variant runs in this one process against one PostgreSQL, and each is reported
 //! as a ratio to `bare` at the same concurrency, taken within one round of all variants;
 //! the round with the median ratio is printed, so the figures survive a noisy machine.
+//! Beside each row, the same statements run without HTTP (the `ceiling` module): what the
+//! database alone allows for that path, and the share of it the whole path reaches.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -207,6 +211,270 @@ mod on_sqlx {
     }
 }
 
+/// The database alone: each variant's statements as the crate (or the harness) sends them —
+/// the same texts, prepared, pipelined where the crate pipelines — from `concurrency`
+/// connections, with no HTTP and no layer. A variant's HTTP rate over its ceiling says how
+/// close the whole path is to what PostgreSQL allows for the same work.
+mod ceiling {
+    use std::time::{Duration, Instant};
+
+    use deadpool_postgres::Pool;
+    use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+
+    use super::Variant;
+
+    /// A record id, sent as `uuid`.
+    #[derive(Debug, Clone, Copy)]
+    struct Uuid([u8; 16]);
+
+    impl ToSql for Uuid {
+        fn to_sql(
+            &self,
+            _ty: &Type,
+            out: &mut bytes::BytesMut,
+        ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+            out.extend_from_slice(&self.0);
+            Ok(IsNull::No)
+        }
+
+        fn accepts(ty: &Type) -> bool {
+            *ty == Type::UUID
+        }
+
+        to_sql_checked!();
+    }
+
+    const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= now(), \
+        state, retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
+        extract(epoch FROM expires_at - now())::float8, body_key_id \
+        FROM idempotency_records WHERE id = $1";
+    const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(($1 # \
+        ('idempotency_records'::regclass::oid::int8 << 32)))";
+    const CLAIM: &str = "SELECT * FROM axum_idempotency_claim_v2($1, ($2 # \
+        ('idempotency_records'::regclass::oid::int8 << 32)))";
+    const INSERT_RECORD: &str = "INSERT INTO idempotency_records \
+        (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, expires_at) \
+        VALUES ($1, '', NULL, $2, 201, $3, $4, NULL, now() + make_interval(secs => 86400))";
+    const LEASE_ACQUIRE: &str = "INSERT INTO idempotency_records AS r \
+        (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
+         status, headers, body, expires_at) \
+        VALUES ($1, '', NULL, $2, 'PROCESSING', nextval('idempotency_fencing_tokens'), \
+                now() + make_interval(secs => 30), 0, '', '', now() + make_interval(secs => 86400)) \
+        ON CONFLICT (id) DO NOTHING RETURNING fencing_token, xmax <> '0'::xid";
+    const LEASE_COMPLETE: &str = "UPDATE idempotency_records SET \
+        state = 'SUCCESS', retryable = false, status = 201, headers = $3, body = $4, \
+        body_key_id = NULL, locked_until = NULL, updated_at = now(), \
+        expires_at = now() + make_interval(secs => 86400) \
+        WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING'";
+    const THREE_CLAIM: &str = "INSERT INTO three_commit_records (key, status, fingerprint) \
+        VALUES ($1, 'PROCESSING', $2) ON CONFLICT (key) DO NOTHING";
+    const THREE_FINISH: &str =
+        "UPDATE three_commit_records SET status = 'SUCCESS', response = $2 WHERE key = $1";
+
+    const HEADERS: &[u8] = b"\x00\x0ccontent-type\x00\x00\x00\x10application/json";
+    const FINGERPRINT: [u8; 32] = [7; 32];
+
+    fn fresh_id(worker: usize, n: u64) -> Uuid {
+        let mut id = [0; 16];
+        id[..8]
+            .copy_from_slice(&(std::process::id() as u64 ^ ((worker as u64) << 40)).to_be_bytes());
+        id[8..].copy_from_slice(&n.to_be_bytes());
+        // A fresh, random-looking id per call: the high half varies with the counter too.
+        id[0] ^= (n as u8).wrapping_mul(151);
+        id[3] ^= ((n >> 8) as u8).wrapping_mul(89);
+        Uuid(id)
+    }
+
+    fn lock_key(id: Uuid) -> i64 {
+        i64::from_be_bytes(id.0[..8].try_into().unwrap())
+    }
+
+    /// Requests per second of `variant`'s statements alone, `None` for a variant with no
+    /// database work (the caches).
+    pub(super) async fn rate(
+        pool: &Pool,
+        variant: Variant,
+        concurrency: usize,
+        duration: Duration,
+    ) -> Option<f64> {
+        if matches!(variant, Variant::CachedReplay | Variant::RedisReplay) {
+            return None;
+        }
+        // Completed records to replay: the newest ones the HTTP runs wrote.
+        let replay_ids: Vec<Uuid> = pool
+            .get()
+            .await
+            .unwrap()
+            .query(
+                "SELECT uuid_send(id) FROM idempotency_records WHERE state = 'SUCCESS' LIMIT $1",
+                &[&(concurrency as i64)],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| Uuid(row.get::<_, &[u8]>(0).try_into().unwrap()))
+            .collect();
+        let started = Instant::now();
+        let workers: Vec<_> = (0..concurrency)
+            .map(|worker| {
+                let pool = pool.clone();
+                let replay = replay_ids.get(worker % replay_ids.len().max(1)).copied();
+                tokio::spawn(async move {
+                    let client = pool.get().await.unwrap();
+                    let mut done = 0_u64;
+                    while started.elapsed() < duration {
+                        one(&client, variant, worker, done, replay).await;
+                        done += 1;
+                    }
+                    done
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for worker in workers {
+            total += worker.await.unwrap();
+        }
+        Some(total as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// One request's statements.
+    async fn one(
+        client: &deadpool_postgres::Client,
+        variant: Variant,
+        worker: usize,
+        n: u64,
+        replay: Option<Uuid>,
+    ) {
+        let insert_order = client.prepare_cached(super::INSERT_ORDER).await.unwrap();
+        let body = br#"{"id":1,"user_id":1,"amount":2}"#.as_slice();
+        let user = 1_i64;
+        let amount = 2_i64;
+        match variant {
+            Variant::Bare | Variant::SqlxBare => {
+                client.batch_execute("BEGIN").await.unwrap();
+                client
+                    .query_one(&insert_order, &[&user, &amount])
+                    .await
+                    .unwrap();
+                client.batch_execute("COMMIT").await.unwrap();
+            }
+            Variant::New => {
+                let id = fresh_id(worker, n);
+                let (lookup, try_lock, insert) = (
+                    client.prepare_cached(LOOKUP).await.unwrap(),
+                    client.prepare_cached(TRY_LOCK).await.unwrap(),
+                    client.prepare_cached(INSERT_RECORD).await.unwrap(),
+                );
+                client.query_opt(&lookup, &[&id]).await.unwrap();
+                let key = lock_key(id);
+                let lock_params: [&(dyn ToSql + Sync); 1] = [&key];
+                let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
+                let (begin, locked, found) = tokio::join!(
+                    biased;
+                    client.batch_execute("BEGIN"),
+                    client.query_one(&try_lock, &lock_params),
+                    client.query_opt(&lookup, &lookup_params),
+                );
+                begin.unwrap();
+                locked.unwrap();
+                found.unwrap();
+                client
+                    .query_one(&insert_order, &[&user, &amount])
+                    .await
+                    .unwrap();
+                let fingerprint = &FINGERPRINT[..];
+                let insert_params: [&(dyn ToSql + Sync); 4] = [&id, &fingerprint, &HEADERS, &body];
+                let (inserted, committed) = tokio::join!(
+                    biased;
+                    client.execute(&insert, &insert_params),
+                    client.batch_execute("COMMIT"),
+                );
+                inserted.unwrap();
+                committed.unwrap();
+            }
+            Variant::SqlxNew => {
+                // One statement a round trip, the claim function after BEGIN.
+                let id = fresh_id(worker, n);
+                let (claim, insert) = (
+                    client.prepare_cached(CLAIM).await.unwrap(),
+                    client.prepare_cached(INSERT_RECORD).await.unwrap(),
+                );
+                client.batch_execute("BEGIN").await.unwrap();
+                client
+                    .query_one(&claim, &[&id, &lock_key(id)])
+                    .await
+                    .unwrap();
+                client
+                    .query_one(&insert_order, &[&user, &amount])
+                    .await
+                    .unwrap();
+                let fingerprint = &FINGERPRINT[..];
+                client
+                    .execute(&insert, &[&id, &fingerprint, &HEADERS, &body])
+                    .await
+                    .unwrap();
+                client.batch_execute("COMMIT").await.unwrap();
+            }
+            Variant::Replay => {
+                let lookup = client.prepare_cached(LOOKUP).await.unwrap();
+                client
+                    .query_opt(&lookup, &[&replay.unwrap()])
+                    .await
+                    .unwrap();
+            }
+            Variant::SqlxReplay => {
+                let claim = client.prepare_cached(CLAIM).await.unwrap();
+                let id = replay.unwrap();
+                client.batch_execute("BEGIN").await.unwrap();
+                client
+                    .query_one(&claim, &[&id, &lock_key(id)])
+                    .await
+                    .unwrap();
+                client.batch_execute("ROLLBACK").await.unwrap();
+            }
+            Variant::LeaseNew => {
+                let id = fresh_id(worker, n);
+                let (acquire, complete) = (
+                    client.prepare_cached(LEASE_ACQUIRE).await.unwrap(),
+                    client.prepare_cached(LEASE_COMPLETE).await.unwrap(),
+                );
+                let fingerprint = &FINGERPRINT[..];
+                let token: i64 = client
+                    .query_one(&acquire, &[&id, &fingerprint])
+                    .await
+                    .unwrap()
+                    .get(0);
+                client.batch_execute("BEGIN").await.unwrap();
+                client
+                    .query_one(&insert_order, &[&user, &amount])
+                    .await
+                    .unwrap();
+                client.batch_execute("COMMIT").await.unwrap();
+                client
+                    .execute(&complete, &[&id, &token, &HEADERS, &body])
+                    .await
+                    .unwrap();
+            }
+            Variant::ThreeCommit => {
+                let key = format!("ceiling-{}-{worker}-{n}", std::process::id());
+                let (claim, finish) = (
+                    client.prepare_cached(THREE_CLAIM).await.unwrap(),
+                    client.prepare_cached(THREE_FINISH).await.unwrap(),
+                );
+                client.execute(&claim, &[&key, &"1:2"]).await.unwrap();
+                client.batch_execute("BEGIN").await.unwrap();
+                client
+                    .query_one(&insert_order, &[&user, &amount])
+                    .await
+                    .unwrap();
+                client.batch_execute("COMMIT").await.unwrap();
+                client.execute(&finish, &[&key, &body]).await.unwrap();
+            }
+            Variant::CachedReplay | Variant::RedisReplay => {}
+        }
+    }
+}
+
 async fn serve(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -380,7 +648,14 @@ struct Servers {
     sqlx: Option<SocketAddr>,
 }
 
-async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: usize) -> Figures {
+/// How long a run lasts: a number of requests, or (`--seconds`) a time.
+#[derive(Clone, Copy, Debug)]
+enum Load {
+    Requests(usize),
+    Seconds(Duration),
+}
+
+async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load) -> Figures {
     let target = match variant {
         Variant::CachedReplay => servers.cached,
         Variant::RedisReplay => servers.redis.expect("built without the redis feature"),
@@ -395,7 +670,10 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: u
         }
         _ => Vec::new(),
     };
-    let per_connection = requests.div_ceil(concurrency);
+    let (per_connection, deadline) = match load {
+        Load::Requests(requests) => (requests.div_ceil(concurrency), None),
+        Load::Seconds(duration) => (usize::MAX, Some(duration)),
+    };
     reset_peak_rss();
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
@@ -403,8 +681,11 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: u
             let replay = replay_keys.get(worker).cloned();
             tokio::spawn(async move {
                 let mut connection = Connection::open(target).await;
-                let mut latencies = Vec::with_capacity(per_connection);
+                let mut latencies = Vec::with_capacity(per_connection.min(1 << 16));
                 for i in 0..per_connection {
+                    if deadline.is_some_and(|deadline| started.elapsed() >= deadline) {
+                        break;
+                    }
                     let n = (worker * per_connection + i) as u64;
                     let sent = Instant::now();
                     let status = match variant {
@@ -441,7 +722,7 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, requests: u
             })
         })
         .collect();
-    let mut latencies = Vec::with_capacity(requests);
+    let mut latencies = Vec::new();
     for worker in workers {
         latencies.extend(worker.await.unwrap());
     }
@@ -536,6 +817,10 @@ struct Options {
     sweep: Option<u64>,
     /// Rounds of every variant per concurrency; the median ratio is reported.
     rounds: usize,
+    /// Seconds per run of a variant instead of a number of requests.
+    seconds: Option<u64>,
+    /// Concurrencies to run (default 1, 16 and 64).
+    concurrency: Option<Vec<usize>>,
 }
 
 /// The argument after `flag`, if the flag was given.
@@ -564,6 +849,12 @@ fn options() -> Options {
             .unwrap_or_default(),
         sweep: number("--sweep"),
         rounds: number("--rounds").map_or(if quick { 1 } else { 3 }, |n| n.max(1) as usize),
+        seconds: number("--seconds"),
+        concurrency: flag_value(&args, "--concurrency").map(|list| {
+            list.split(',')
+                .map(|n| n.parse().expect("--concurrency takes numbers"))
+                .collect()
+        }),
     }
 }
 
@@ -622,24 +913,34 @@ async fn main() {
                 || options.only.iter().any(|o| o == v.name())
         });
     }
-    let (requests, concurrencies): (usize, &[usize]) = if options.quick {
+    let (requests, default_concurrencies): (usize, &[usize]) = if options.quick {
         (200, &[1, 16])
     } else {
         (3000, &[1, 16, 64])
     };
+    let concurrencies = options
+        .concurrency
+        .as_deref()
+        .unwrap_or(default_concurrencies);
     println!(
-        "| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to its driver's bare | peak RSS MiB |"
+        "| variant | concurrency | requests/s | p50 ms | p99 ms | ratio to its driver's bare | database alone req/s | × database alone | peak RSS MiB |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for &concurrency in concurrencies {
-        let requests = if concurrency == 1 {
-            requests / 3
-        } else {
-            requests
+        let load = match options.seconds {
+            Some(seconds) => Load::Seconds(Duration::from_secs(seconds)),
+            None if concurrency == 1 => Load::Requests(requests / 3),
+            None => Load::Requests(requests),
         };
         // Warm up every path (connections, prepared statements) before measuring.
         for &variant in &variants {
-            run(variant, servers, concurrency, concurrency * 5).await;
+            run(
+                variant,
+                servers,
+                concurrency,
+                Load::Requests(concurrency * 5),
+            )
+            .await;
         }
         // Rounds of every variant in turn. A variant's ratio to `bare` is the median of its
         // ratios within each round; its requests/s, p50 and p99 are those of its median
@@ -648,7 +949,7 @@ async fn main() {
         for _ in 0..options.rounds {
             let mut round = Vec::with_capacity(variants.len());
             for &variant in &variants {
-                round.push(run(variant, servers, concurrency, requests).await);
+                round.push(run(variant, servers, concurrency, load).await);
             }
             rounds.push(round);
         }
@@ -669,14 +970,27 @@ async fn main() {
                 .iter()
                 .map(|round| round[i].peak_rss_mib)
                 .fold(0.0, f64::max);
+            // The same statements without HTTP, for as long as a run of 3 000 requests at
+            // bare's rate takes (or `--seconds`), after the HTTP rounds.
+            let ceiling_time = match load {
+                Load::Seconds(duration) => duration,
+                Load::Requests(_) => Duration::from_secs(2),
+            };
+            let ceiling = ceiling::rate(&pool, variant, concurrency, ceiling_time).await;
+            let (alone, share) = match ceiling {
+                Some(alone) => (format!("{alone:.0}"), format!("{:.2}", figures.rps / alone)),
+                None => ("—".to_owned(), "—".to_owned()),
+            };
             println!(
-                "| {} | {} | {:.0} | {} | {} | {:.2} | {:.1} |",
+                "| {} | {} | {:.0} | {} | {} | {:.2} | {} | {} | {:.1} |",
                 variant.name(),
                 concurrency,
                 figures.rps,
                 ms(figures.p50()),
                 ms(figures.p99()),
                 ratio,
+                alone,
+                share,
                 peak
             );
         }
@@ -765,7 +1079,7 @@ async fn measured_with_wal(
         .await
         .unwrap()
         .get(0);
-    let figures = run(variant, servers, 16, 3000).await;
+    let figures = run(variant, servers, 16, Load::Requests(3000)).await;
     let written: f64 = admin
         .query_one(
             "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)::float8",
@@ -813,7 +1127,7 @@ async fn load(admin: &tokio_postgres::Client, schema: &str, records: u64, expire
 /// table) while serving `new` at concurrency 16, and compares the p99 of all requests served during the purge with a
 /// quiet run just before it.
 async fn purge_under_load(pool: &Pool, servers: Servers) {
-    let quiet = run(Variant::New, servers, 16, 3000).await;
+    let quiet = run(Variant::New, servers, 16, Load::Requests(3000)).await;
     let sweeper = Sweeper::new(pool.clone());
     let purge = tokio::spawn(async move {
         let started = Instant::now();
@@ -823,7 +1137,7 @@ async fn purge_under_load(pool: &Pool, servers: Servers) {
     let mut during = Vec::new();
     let mut serving = Duration::ZERO;
     while !purge.is_finished() {
-        let figures = run(Variant::New, servers, 16, 1000).await;
+        let figures = run(Variant::New, servers, 16, Load::Requests(1000)).await;
         serving += Duration::from_secs_f64(figures.latencies.len() as f64 / figures.rps);
         during.extend(figures.latencies);
     }
