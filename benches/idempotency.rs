@@ -274,14 +274,20 @@ mod ceiling {
     const HEADERS: &[u8] = b"\x00\x0ccontent-type\x00\x00\x00\x10application/json";
     const FINGERPRINT: [u8; 32] = [7; 32];
 
-    fn fresh_id(worker: usize, n: u64) -> Uuid {
+    /// A fresh id per call, spread over the key space like the SHA-256 ids the crate writes.
+    fn fresh_id() -> Uuid {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mix = |mut z: u64| {
+            // splitmix64
+            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
         let mut id = [0; 16];
-        id[..8]
-            .copy_from_slice(&(std::process::id() as u64 ^ ((worker as u64) << 40)).to_be_bytes());
-        id[8..].copy_from_slice(&n.to_be_bytes());
-        // A fresh, random-looking id per call: the high half varies with the counter too.
-        id[0] ^= (n as u8).wrapping_mul(151);
-        id[3] ^= ((n >> 8) as u8).wrapping_mul(89);
+        id[..8].copy_from_slice(&mix(n ^ u64::from(std::process::id()) << 32).to_be_bytes());
+        id[8..].copy_from_slice(&mix(n.rotate_left(17)).to_be_bytes());
         Uuid(id)
     }
 
@@ -359,7 +365,7 @@ mod ceiling {
                 client.batch_execute("COMMIT").await.unwrap();
             }
             Variant::New => {
-                let id = fresh_id(worker, n);
+                let id = fresh_id();
                 let (lookup, try_lock, insert) = (
                     client.prepare_cached(LOOKUP).await.unwrap(),
                     client.prepare_cached(TRY_LOCK).await.unwrap(),
@@ -394,7 +400,7 @@ mod ceiling {
             }
             Variant::SqlxNew => {
                 // One statement a round trip, the claim function after BEGIN.
-                let id = fresh_id(worker, n);
+                let id = fresh_id();
                 let (claim, insert) = (
                     client.prepare_cached(CLAIM).await.unwrap(),
                     client.prepare_cached(INSERT_RECORD).await.unwrap(),
@@ -433,7 +439,7 @@ mod ceiling {
                 client.batch_execute("ROLLBACK").await.unwrap();
             }
             Variant::LeaseNew => {
-                let id = fresh_id(worker, n);
+                let id = fresh_id();
                 let (acquire, complete) = (
                     client.prepare_cached(LEASE_ACQUIRE).await.unwrap(),
                     client.prepare_cached(LEASE_COMPLETE).await.unwrap(),
