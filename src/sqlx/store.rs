@@ -194,31 +194,14 @@ impl Store for SqlxStore {
         Ok(())
     }
 
-    /// By default, first a lookup outside any transaction (a replay, a 422 or a 409 for a
-    /// leased key needs nothing more), then `BEGIN` and the claim function; with `wait`,
-    /// `BEGIN`, the bounded lock wait and the lookup after it.
+    /// `BEGIN`, then the claim function — or, with `wait`, the bounded lock wait and the
+    /// lookup after it.
     async fn claim(
         &self,
         id: RecordId,
         fingerprint: Fingerprint,
         wait: Option<Duration>,
     ) -> Result<(Claim, SqlxConn), Error> {
-        if wait.is_none() {
-            let peeked = self
-                .query(sql::LOOKUP)
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?;
-            let peeked = peeked.map(|row| record_row(&row, 9)).transpose()?;
-            if let Some(claim) = Claim::from_peek(peeked) {
-                let idle = SqlxConn {
-                    tx: None,
-                    persistent: self.persistent,
-                    pool: self.pool.clone(),
-                };
-                return Ok((claim, idle));
-            }
-        }
         let mut conn = self.begin().await?;
         let lock_key = id.lock_key();
         let Some(wait) = wait else {
