@@ -8,7 +8,7 @@
 
 use std::time::SystemTime;
 
-use crate::engine::key::RecordId;
+use crate::engine::key::{RecordId, hex};
 use crate::postgres::PgStore;
 use crate::store::{IntoStore, Store};
 use crate::sweeper::{SweepReport, Sweeper};
@@ -215,5 +215,74 @@ pub(crate) fn epoch(seconds: f64) -> SystemTime {
         Ok(offset) if seconds >= 0.0 => SystemTime::UNIX_EPOCH + offset,
         Ok(offset) => SystemTime::UNIX_EPOCH - offset,
         Err(_) => SystemTime::UNIX_EPOCH,
+    }
+}
+
+/// The columns of an admin record row (`sql::ADMIN_RECORD`, `sql::ADMIN_STALE`), as a
+/// driver decoded them.
+#[derive(Debug)]
+pub(crate) struct RecordColumns {
+    pub(crate) id: Vec<u8>,
+    pub(crate) scope: String,
+    pub(crate) key: Option<String>,
+    pub(crate) state: String,
+    pub(crate) retryable: bool,
+    pub(crate) status: i16,
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) fencing_token: i64,
+    pub(crate) created_at: f64,
+    pub(crate) updated_at: f64,
+    pub(crate) expires_at: f64,
+    pub(crate) locked_until: Option<f64>,
+    pub(crate) response_bytes: i64,
+}
+
+impl From<RecordColumns> for RecordInfo {
+    fn from(c: RecordColumns) -> Self {
+        Self {
+            id: hex(&c.id),
+            scope: c.scope,
+            key: c.key,
+            state: c.state,
+            retryable: c.retryable,
+            status: u16::try_from(c.status).unwrap_or(0),
+            fingerprint: hex(&c.fingerprint),
+            fencing_token: c.fencing_token,
+            created_at: epoch(c.created_at),
+            updated_at: epoch(c.updated_at),
+            expires_at: epoch(c.expires_at),
+            locked_until: c.locked_until.map(epoch),
+            response_bytes: usize::try_from(c.response_bytes).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// The columns of an admin message row (`sql::ADMIN_MESSAGE`, `sql::ADMIN_FAILED_MESSAGES`).
+#[derive(Debug)]
+pub(crate) struct MessageColumns {
+    pub(crate) consumer_group: String,
+    pub(crate) message_id: String,
+    pub(crate) status: String,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) payload_digest: Option<Vec<u8>>,
+    pub(crate) created_at: f64,
+    pub(crate) updated_at: f64,
+    pub(crate) expires_at: f64,
+}
+
+impl From<MessageColumns> for MessageInfo {
+    fn from(c: MessageColumns) -> Self {
+        Self {
+            consumer_group: c.consumer_group,
+            message_id: c.message_id,
+            status: c.status,
+            attempts: u32::try_from(c.attempts).unwrap_or(0),
+            last_error: c.last_error,
+            payload_digest: c.payload_digest.as_deref().map(hex),
+            created_at: epoch(c.created_at),
+            updated_at: epoch(c.updated_at),
+            expires_at: epoch(c.expires_at),
+        }
     }
 }

@@ -298,3 +298,48 @@ fn typed<'p>(sql: &Sql, params: &[&'p (dyn ToSql + Sync)]) -> Vec<(&'p (dyn ToSq
         .zip(sql.types.iter().cloned())
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every statement's declared parameter types are the ones PostgreSQL infers from its
+    /// text, so running it unprepared with those types (`prepared_statements(false)`) means
+    /// exactly what preparing it means. Needs the database named by `DATABASE_URL`.
+    #[cfg(feature = "deadpool")]
+    #[tokio::test]
+    async fn sql_types_match_the_server() {
+        let url = std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
+        let schema = format!("axi_sql_types_{}", std::process::id());
+        let mut config: tokio_postgres::Config = url.parse().unwrap();
+        config.options(format!("-c search_path={schema}"));
+        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+            ))
+            .await
+            .unwrap();
+        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(1)
+            .build()
+            .unwrap();
+        crate::migrate(&pool).await.unwrap();
+        pool.close();
+
+        let mut checked = 0;
+        for sql in STATEMENTS {
+            let inferred = client.prepare(sql.text).await.unwrap();
+            assert_eq!(inferred.params(), sql.types, "{}", sql.text);
+            checked += 1;
+        }
+        assert_eq!(checked, 20);
+        client
+            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+            .await
+            .unwrap();
+    }
+}

@@ -11,6 +11,7 @@
 
 mod conn;
 mod db;
+mod migrate;
 mod pool;
 mod store;
 mod tx;

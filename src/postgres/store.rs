@@ -13,15 +13,15 @@ use super::conn::TxConn;
 use super::db::{self, Db, Sql};
 use super::tx::IdempotentTx;
 use crate::Error;
-use crate::admin::{MessageInfo, RecordInfo, epoch};
+use crate::admin::{MessageColumns, MessageInfo, RecordColumns, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
-use crate::engine::key::{RecordId, hex};
+use crate::engine::key::RecordId;
 use crate::engine::record::{
     Claim, CommitError, Completion, InboxClaim, InboxRecord, InboxWrite, LeaseClaim, LeaseEnd,
     NewRecord, RecordRow, StaleSummary, SweepBatch,
 };
 use crate::engine::shared_tx::SharedTx;
-use crate::store::{Store, migrations, sql};
+use crate::store::{Store, sql};
 
 impl tokio_postgres::types::ToSql for RecordId {
     fn to_sql(
@@ -85,6 +85,41 @@ fn lock_timeout(wait: Duration) -> String {
     format!("{}ms", wait.as_millis().max(1))
 }
 
+/// `BEGIN`, the key's lock awaited for at most `wait`, and `lookup` after it, pipelined in
+/// one round trip; `Ok(None)` when the lock was not granted in time (the transaction is
+/// then aborted, and rolls back when the connection is dropped).
+async fn begin_wait_and_look_up(
+    db: Db<'_>,
+    lock_key: i64,
+    wait: Duration,
+    lookup: &'static Sql,
+    lookup_params: &[&(dyn ToSql + Sync)],
+) -> Result<Option<Option<Row>>, Error> {
+    let set_timeout = db.prepare(&db::SET_LOCK_TIMEOUT).await?;
+    let lock = db.prepare(&db::WAIT_LOCK).await?;
+    let lookup = db.prepare(lookup).await?;
+    let client = db.client();
+    let timeout = lock_timeout(wait);
+    let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
+    let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+    let (begin, timeout_set, locked, reset, found) = tokio::join!(
+        biased;
+        client.batch_execute("BEGIN"),
+        db.query_one(&set_timeout, &timeout_params),
+        db.query_one(&lock, &lock_params),
+        client.batch_execute(sql::RESET_LOCK_TIMEOUT),
+        db.query_opt(&lookup, lookup_params),
+    );
+    begin?;
+    timeout_set?;
+    match locked {
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(None),
+        locked => locked?,
+    };
+    reset?;
+    Ok(Some(found?))
+}
+
 impl Store for PgStore {
     type Conn = TxConn;
     type Handle = IdempotentTx;
@@ -96,46 +131,7 @@ impl Store for PgStore {
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        // Safe behind a transaction-pooling PgBouncer, whatever the prepared-statement
-        // setting: everything runs in one transaction (so on one server connection), and
-        // only as simple queries and unnamed typed statements — nothing prepared survives
-        // the transaction.
-        let conn = self.checkout().await?;
-        let conn = TxConn::new(conn, false);
-        let client = conn.client();
-        client.batch_execute("BEGIN").await?;
-        client
-            .execute_typed(
-                sql::MIGRATION_LOCK,
-                &[(&migrations::MIGRATION_LOCK, Type::INT8)],
-            )
-            .await?;
-        client.batch_execute(sql::CREATE_MIGRATIONS_TABLE).await?;
-        let current: i32 = client
-            .query_typed_one(sql::SCHEMA_VERSION, &[])
-            .await?
-            .get(0);
-        for migration in migrations::pending(current)? {
-            client.batch_execute(migration.sql).await?;
-            client
-                .execute_typed(
-                    sql::RECORD_MIGRATION,
-                    &[
-                        (&migration.version, Type::INT4),
-                        (&migration.name, Type::TEXT),
-                    ],
-                )
-                .await?;
-            tracing::info!(
-                version = migration.version,
-                name = migration.name,
-                "applied migration"
-            );
-        }
-        client.batch_execute("COMMIT").await?;
-        let mut conn = conn;
-        conn.mark_ended();
-        Ok(())
+        super::migrate::run(self.checkout().await?).await
     }
 
     /// By default, first a lookup outside any transaction (a replay, a 422 or a 409 for a
@@ -177,29 +173,12 @@ impl Store for PgStore {
             let found = found?.map(|row| record_row(&row, 9)).transpose()?;
             return Ok((Claim::decide(locked, found, fingerprint), conn));
         };
-        let set_timeout = db.prepare(&db::SET_LOCK_TIMEOUT).await?;
-        let lock = db.prepare(&db::WAIT_LOCK).await?;
-        let timeout = lock_timeout(wait);
-        let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
-        let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
-        let (begin, timeout_set, locked, reset, found) = tokio::join!(
-            biased;
-            client.batch_execute("BEGIN"),
-            db.query_one(&set_timeout, &timeout_params),
-            db.query_one(&lock, &lock_params),
-            client.batch_execute(sql::RESET_LOCK_TIMEOUT),
-            db.query_opt(&lookup, &lookup_params),
-        );
-        begin?;
-        timeout_set?;
-        match locked {
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                return Ok((Claim::InFlight, conn));
-            }
-            locked => locked?,
+        let Some(found) =
+            begin_wait_and_look_up(db, lock_key, wait, &db::LOOKUP, &lookup_params).await?
+        else {
+            return Ok((Claim::InFlight, conn));
         };
-        reset?;
-        let found = found?.map(|row| record_row(&row, 9)).transpose()?;
+        let found = found.map(|row| record_row(&row, 9)).transpose()?;
         Ok((Claim::decide(true, found, fingerprint), conn))
     }
 
@@ -380,33 +359,14 @@ impl Store for PgStore {
     ) -> Result<InboxClaim<TxConn>, Error> {
         let conn = TxConn::new(self.checkout().await?, self.prepared);
         let db = self.db(conn.pooled());
-        let client = db.client();
-        let set_timeout = db.prepare(&db::SET_LOCK_TIMEOUT).await?;
-        let lock = db.prepare(&db::WAIT_LOCK).await?;
-        let lookup = db.prepare(&db::INBOX_LOOKUP).await?;
-        let timeout = lock_timeout(wait);
-        let lock_key = id.lock_key();
-        let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
-        let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
         let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
-        let (begin, timeout_set, locked, reset, found) = tokio::join!(
-            biased;
-            client.batch_execute("BEGIN"),
-            db.query_one(&set_timeout, &timeout_params),
-            db.query_one(&lock, &lock_params),
-            client.batch_execute(sql::RESET_LOCK_TIMEOUT),
-            db.query_opt(&lookup, &lookup_params),
-        );
-        begin?;
-        timeout_set?;
-        match locked {
-            Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
-                return Ok(InboxClaim::Busy);
-            }
-            locked => locked?,
+        let Some(found) =
+            begin_wait_and_look_up(db, id.lock_key(), wait, &db::INBOX_LOOKUP, &lookup_params)
+                .await?
+        else {
+            return Ok(InboxClaim::Busy);
         };
-        reset?;
-        let record = match found? {
+        let record = match found {
             Some(row) => Some(InboxRecord {
                 succeeded: row.try_get(0)?,
                 attempts: row.try_get(1)?,
@@ -548,84 +508,35 @@ impl Store for PgStore {
 }
 
 fn record_info(row: &Row) -> Result<RecordInfo, tokio_postgres::Error> {
-    let id: &[u8] = row.try_get(0)?;
-    let status: i16 = row.try_get(5)?;
-    let fingerprint: &[u8] = row.try_get(6)?;
-    let response_bytes: i64 = row.try_get(12)?;
-    Ok(RecordInfo {
-        id: hex(id),
+    Ok(RecordColumns {
+        id: row.try_get(0)?,
         scope: row.try_get(1)?,
         key: row.try_get(2)?,
         state: row.try_get(3)?,
         retryable: row.try_get(4)?,
-        status: u16::try_from(status).unwrap_or(0),
-        fingerprint: hex(fingerprint),
+        status: row.try_get(5)?,
+        fingerprint: row.try_get(6)?,
         fencing_token: row.try_get(7)?,
-        created_at: epoch(row.try_get(8)?),
-        updated_at: epoch(row.try_get(9)?),
-        expires_at: epoch(row.try_get(10)?),
-        locked_until: row.try_get::<_, Option<f64>>(11)?.map(epoch),
-        response_bytes: usize::try_from(response_bytes).unwrap_or(usize::MAX),
-    })
+        created_at: row.try_get(8)?,
+        updated_at: row.try_get(9)?,
+        expires_at: row.try_get(10)?,
+        locked_until: row.try_get(11)?,
+        response_bytes: row.try_get(12)?,
+    }
+    .into())
 }
 
 fn message_info(row: &Row) -> Result<MessageInfo, tokio_postgres::Error> {
-    let attempts: i32 = row.try_get(3)?;
-    let digest: Option<&[u8]> = row.try_get(5)?;
-    Ok(MessageInfo {
+    Ok(MessageColumns {
         consumer_group: row.try_get(0)?,
         message_id: row.try_get(1)?,
         status: row.try_get(2)?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
+        attempts: row.try_get(3)?,
         last_error: row.try_get(4)?,
-        payload_digest: digest.map(hex),
-        created_at: epoch(row.try_get(6)?),
-        updated_at: epoch(row.try_get(7)?),
-        expires_at: epoch(row.try_get(8)?),
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every statement's declared parameter types are the ones PostgreSQL infers from its
-    /// text, so running it unprepared with those types (`prepared_statements(false)`) means
-    /// exactly what preparing it means. Needs the database named by `DATABASE_URL`.
-    #[cfg(feature = "deadpool")]
-    #[tokio::test]
-    async fn sql_types_match_the_server() {
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        let schema = format!("axi_sql_types_{}", std::process::id());
-        let mut config: tokio_postgres::Config = url.parse().unwrap();
-        config.options(format!("-c search_path={schema}"));
-        let (client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
-        tokio::spawn(connection);
-        client
-            .batch_execute(&format!(
-                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-            ))
-            .await
-            .unwrap();
-        let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
-        let pool = deadpool_postgres::Pool::builder(manager)
-            .max_size(1)
-            .build()
-            .unwrap();
-        crate::migrate(&pool).await.unwrap();
-        pool.close();
-
-        let mut checked = 0;
-        for sql in db::STATEMENTS {
-            let inferred = client.prepare(sql.text).await.unwrap();
-            assert_eq!(inferred.params(), sql.types, "{}", sql.text);
-            checked += 1;
-        }
-        assert_eq!(checked, 20);
-        client
-            .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-            .await
-            .unwrap();
+        payload_digest: row.try_get(5)?,
+        created_at: row.try_get(6)?,
+        updated_at: row.try_get(7)?,
+        expires_at: row.try_get(8)?,
     }
+    .into())
 }

@@ -12,9 +12,9 @@ use ::sqlx::{Executor, PgConnection, Row, Transaction};
 use super::SqlxStore;
 use super::tx::IdempotentTx;
 use crate::Error;
-use crate::admin::{MessageInfo, RecordInfo, epoch};
+use crate::admin::{MessageColumns, MessageInfo, RecordColumns, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
-use crate::engine::key::{RecordId, hex};
+use crate::engine::key::RecordId;
 use crate::engine::record::{
     Claim, CommitError, Completion, InboxClaim, InboxRecord, InboxWrite, LeaseClaim, LeaseEnd,
     NewRecord, RecordRow, StaleSummary, SweepBatch,
@@ -494,39 +494,35 @@ impl Store for SqlxStore {
 }
 
 fn record_info(row: &PgRow) -> Result<RecordInfo, ::sqlx::Error> {
-    let id: Vec<u8> = row.try_get(0)?;
-    let status: i16 = row.try_get(5)?;
-    let fingerprint: Vec<u8> = row.try_get(6)?;
-    let response_bytes: i64 = row.try_get(12)?;
-    Ok(RecordInfo {
-        id: hex(&id),
+    Ok(RecordColumns {
+        id: row.try_get(0)?,
         scope: row.try_get(1)?,
         key: row.try_get(2)?,
         state: row.try_get(3)?,
         retryable: row.try_get(4)?,
-        status: u16::try_from(status).unwrap_or(0),
-        fingerprint: hex(&fingerprint),
+        status: row.try_get(5)?,
+        fingerprint: row.try_get(6)?,
         fencing_token: row.try_get(7)?,
-        created_at: epoch(row.try_get(8)?),
-        updated_at: epoch(row.try_get(9)?),
-        expires_at: epoch(row.try_get(10)?),
-        locked_until: row.try_get::<Option<f64>, _>(11)?.map(crate::admin::epoch),
-        response_bytes: usize::try_from(response_bytes).unwrap_or(usize::MAX),
-    })
+        created_at: row.try_get(8)?,
+        updated_at: row.try_get(9)?,
+        expires_at: row.try_get(10)?,
+        locked_until: row.try_get(11)?,
+        response_bytes: row.try_get(12)?,
+    }
+    .into())
 }
 
 fn message_info(row: &PgRow) -> Result<MessageInfo, ::sqlx::Error> {
-    let attempts: i32 = row.try_get(3)?;
-    let digest: Option<Vec<u8>> = row.try_get(5)?;
-    Ok(MessageInfo {
+    Ok(MessageColumns {
         consumer_group: row.try_get(0)?,
         message_id: row.try_get(1)?,
         status: row.try_get(2)?,
-        attempts: u32::try_from(attempts).unwrap_or(0),
+        attempts: row.try_get(3)?,
         last_error: row.try_get(4)?,
-        payload_digest: digest.as_deref().map(hex),
-        created_at: epoch(row.try_get(6)?),
-        updated_at: epoch(row.try_get(7)?),
-        expires_at: epoch(row.try_get(8)?),
-    })
+        payload_digest: row.try_get(5)?,
+        created_at: row.try_get(6)?,
+        updated_at: row.try_get(7)?,
+        expires_at: row.try_get(8)?,
+    }
+    .into())
 }
