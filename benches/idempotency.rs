@@ -10,6 +10,7 @@
 //! cargo bench --bench idempotency --all-features -- --rounds 5         # default 3
 //! cargo bench --bench idempotency --all-features -- --seconds 8        # each run 8 s long
 //! cargo bench --bench idempotency --all-features -- --concurrency 16   # default 1,16,64
+//! cargo bench --bench idempotency --all-features -- --scale 10000000 --lever brin  # a table change first
 //! ```
 //!
 //! Every variant runs in this one process against one PostgreSQL, and each is reported
@@ -827,6 +828,9 @@ struct Options {
     seconds: Option<u64>,
     /// Concurrencies to run (default 1, 16 and 64).
     concurrency: Option<Vec<usize>>,
+    /// A change to the record table tried before the runs (`brin`: the expiry index as
+    /// BRIN; `no-expiry-index`: none; `fillfactor`: 90).
+    lever: Option<String>,
 }
 
 /// The argument after `flag`, if the flag was given.
@@ -856,6 +860,7 @@ fn options() -> Options {
         sweep: number("--sweep"),
         rounds: number("--rounds").map_or(if quick { 1 } else { 3 }, |n| n.max(1) as usize),
         seconds: number("--seconds"),
+        lever: flag_value(&args, "--lever").map(str::to_owned),
         concurrency: flag_value(&args, "--concurrency").map(|list| {
             list.split(',')
                 .map(|n| n.parse().expect("--concurrency takes numbers"))
@@ -883,6 +888,25 @@ async fn main() {
     let options = options();
     let schema = format!("bench_{}", std::process::id());
     let (pool, admin) = setup(&schema).await;
+    if let Some(lever) = &options.lever {
+        let change = match lever.as_str() {
+            "brin" => {
+                "DROP INDEX idempotency_records_expires_at_idx; \
+                       CREATE INDEX idempotency_records_expires_at_idx \
+                       ON idempotency_records USING brin (expires_at)"
+            }
+            "no-expiry-index" => "DROP INDEX idempotency_records_expires_at_idx",
+            "fillfactor" => "ALTER TABLE idempotency_records SET (fillfactor = 90)",
+            other => panic!("unknown --lever {other}: brin, no-expiry-index or fillfactor"),
+        };
+        admin
+            .batch_execute(&format!(
+                "SET search_path = {schema}; {change}; RESET search_path"
+            ))
+            .await
+            .unwrap();
+        println!("lever: {lever}");
+    }
     let plain = serve(app(pool.clone(), IdempotencyLayer::new(pool.clone()))).await;
     let cached = serve(app(
         pool.clone(),
@@ -1025,7 +1049,7 @@ async fn scale_run(
     // The empty-table figures, measured here so that the WAL counters cover them alone.
     let mut empty = Vec::new();
     for variant in [Variant::New, Variant::Replay] {
-        empty.push(measured_with_wal(admin, variant, servers).await);
+        empty.push(measured_with_wal(admin, schema, variant, servers).await);
     }
     println!("\nloading {records} records …");
     let started = Instant::now();
@@ -1038,17 +1062,23 @@ async fn scale_run(
         per_million(table),
         per_million(indexes)
     );
-    println!("\n| variant (c=16) | table | req/s | ratio to empty | WAL bytes/request |");
-    println!("|---|---|---|---|---|");
+    println!(
+        "\n| variant (c=16) | table | req/s | ratio to empty | WAL bytes/request | full-page images/request | checkpoints | heap hit | index hit |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (variant, before) in [Variant::New, Variant::Replay].into_iter().zip(&empty) {
-        let after = measured_with_wal(admin, variant, servers).await;
+        let after = measured_with_wal(admin, schema, variant, servers).await;
         for (table, figures) in [("empty", before), ("loaded", &after)] {
             println!(
-                "| {} | {table} | {:.0} | {:.2} | {:.0} |",
+                "| {} | {table} | {:.0} | {:.2} | {:.0} | {:.2} | {} | {:.4} | {:.4} |",
                 variant.name(),
                 figures.rps,
                 figures.rps / before.rps,
-                figures.wal_bytes
+                figures.wal_bytes,
+                figures.fpi,
+                figures.checkpoints,
+                figures.heap_hit,
+                figures.index_hit
             );
         }
     }
@@ -1068,35 +1098,72 @@ async fn scale_run(
     purge_under_load(pool, servers).await;
 }
 
-/// Requests/s and what each request wrote to the WAL (the server's WAL position before
-/// and after: the benchmark should have the server to itself).
+/// Requests/s and what each request cost the server: WAL bytes and full-page images
+/// written, checkpoints that ran, and how often the table's and its indexes' pages were
+/// found in shared buffers (the benchmark should have the server to itself).
 struct WalFigures {
     rps: f64,
     wal_bytes: f64,
+    fpi: f64,
+    checkpoints: i64,
+    heap_hit: f64,
+    index_hit: f64,
+}
+
+/// The server's cumulative counters that [`WalFigures`] are the differences of: WAL
+/// position, full-page images, checkpoints, the table's heap blocks hit and read, its
+/// indexes' blocks hit and read.
+async fn counters(admin: &tokio_postgres::Client, schema: &str) -> [f64; 7] {
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8, \
+                 (SELECT wal_fpi::float8 FROM pg_stat_wal), \
+                 (SELECT (checkpoints_timed + checkpoints_req)::float8 FROM pg_stat_bgwriter), \
+                 (SELECT coalesce(heap_blks_hit, 0)::float8 FROM pg_statio_user_tables \
+                  WHERE schemaname = '{schema}' AND relname = 'idempotency_records'), \
+                 (SELECT coalesce(heap_blks_read, 0)::float8 FROM pg_statio_user_tables \
+                  WHERE schemaname = '{schema}' AND relname = 'idempotency_records'), \
+                 (SELECT coalesce(sum(idx_blks_hit), 0)::float8 FROM pg_statio_user_indexes \
+                  WHERE schemaname = '{schema}' AND relname = 'idempotency_records'), \
+                 (SELECT coalesce(sum(idx_blks_read), 0)::float8 FROM pg_statio_user_indexes \
+                  WHERE schemaname = '{schema}' AND relname = 'idempotency_records')"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    std::array::from_fn(|i| row.get(i))
 }
 
 async fn measured_with_wal(
     admin: &tokio_postgres::Client,
+    schema: &str,
     variant: Variant,
     servers: Servers,
 ) -> WalFigures {
-    let before: String = admin
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await
-        .unwrap()
-        .get(0);
+    // The statistics collector reports with a delay; let the previous run's numbers land.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let before = counters(admin, schema).await;
     let figures = run(variant, servers, 16, Load::Requests(3000)).await;
-    let written: f64 = admin
-        .query_one(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::text::pg_lsn)::float8",
-            &[&before],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let after = counters(admin, schema).await;
+    let requests = figures.latencies.len() as f64;
+    let delta = |i: usize| after[i] - before[i];
+    let ratio = |hit: f64, read: f64| {
+        if hit + read > 0.0 {
+            hit / (hit + read)
+        } else {
+            1.0
+        }
+    };
     WalFigures {
         rps: figures.rps,
-        wal_bytes: written / figures.latencies.len() as f64,
+        wal_bytes: delta(0) / requests,
+        fpi: delta(1) / requests,
+        checkpoints: delta(2) as i64,
+        heap_hit: ratio(delta(3), delta(4)),
+        index_hit: ratio(delta(5), delta(6)),
     }
 }
 
