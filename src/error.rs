@@ -66,6 +66,36 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether PostgreSQL said a table, function or column of the crate does not exist
+    /// (SQLSTATE 42P01, 42883, 42703): the schema was never migrated, or is older than this
+    /// version needs. A permanent misconfiguration, not an outage: run
+    /// [`migrate`](crate::migrate).
+    pub fn is_schema_missing(&self) -> bool {
+        use tokio_postgres::error::SqlState;
+        self.sql_state().is_some_and(|code| {
+            code == SqlState::UNDEFINED_TABLE
+                || code == SqlState::UNDEFINED_FUNCTION
+                || code == SqlState::UNDEFINED_COLUMN
+        })
+    }
+}
+
+/// An error with its whole source chain, `: `-separated, for log lines.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(error) = source {
+            write!(f, ": {error}")?;
+            source = error.source();
+        }
+        Ok(())
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -405,7 +405,7 @@ impl<D: Store> Inbox<D> {
                         Ok(Outcome::Processed(value))
                     }
                     Err(e) => {
-                        tracing::error!(group = %config.group, message = %id, error = %e,
+                        tracing::error!(group = %config.group, message = %id, error = %crate::error::Chain(&e),
                             "inbox commit failed");
                         telemetry::inbox_message("failed");
                         Err(InboxError::Store(e))

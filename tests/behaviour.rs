@@ -871,7 +871,44 @@ async fn a_duplicate_whose_lock_follows_the_first_commit_replays<D: Driver>() {
     db.assert_settles().await;
 }
 
+/// A database the crate's schema was never migrated into is a permanent misconfiguration,
+/// not an outage: 500 `schema_missing` naming `migrate`, with no `Retry-After`.
+async fn a_database_never_migrated_is_a_500_that_names_migrate<D: Driver>() {
+    let db = TestDb::bare(2).await;
+    let (app, knobs) = app::<D>(&db);
+    for key in ["never-migrated-1", "never-migrated-2"] {
+        let answer = send(&app, post_json("/orders", Some(key), &json!({"amount": 1}))).await;
+        assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(answer.problem_code(), "schema_missing");
+        assert!(
+            answer.headers.get("retry-after").is_none(),
+            "retrying cannot help"
+        );
+        let detail = answer.json()["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(detail.contains("migrate"), "{detail}");
+    }
+    assert_eq!(knobs.calls(), 0);
+    // Once migrated, the same service works.
+    axum_idempotency::migrate(&D::pool(&db)).await.unwrap();
+    db.admin
+        .batch_execute(&format!("SET search_path = {}; {TEST_TABLES}", db.schema))
+        .await
+        .unwrap();
+    let answer = send(
+        &app,
+        post_json("/orders", Some("never-migrated-1"), &json!({"amount": 1})),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::CREATED);
+    db.assert_settles().await;
+}
+
 for_each_driver! {
+    #[tokio::test]
+    async a_database_never_migrated_is_a_500_that_names_migrate;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async a_duplicate_whose_lock_follows_the_first_commit_replays;
     #[tokio::test]

@@ -134,3 +134,46 @@ async fn serves_idempotent_orders_and_metrics(example: &str) {
         .unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+/// The record table dropped under a running service (a schema never migrated, or migrated
+/// into another database): every keyed request is a 500 `schema_missing` naming `migrate`,
+/// never a 503 the client would retry forever, and the log says once, at error level,
+/// what the database said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_table_is_a_500_naming_migrate_and_logged_once() {
+    let db = TestDb::bare(1).await;
+    let (_child, addr, log) =
+        start_example_logged("orders", &[("DATABASE_URL", &schema_url(&db.schema))]).await;
+    let (status, _) = http(&addr, &post_order("drop-1", 10)).await;
+    assert_eq!(status, 201);
+    db.admin
+        .batch_execute(&format!("DROP TABLE {}.idempotency_records", db.schema))
+        .await
+        .unwrap();
+    for key in ["drop-2", "drop-3"] {
+        let (status, body) = http(&addr, &post_order(key, 10)).await;
+        assert_eq!(status, 500, "{body}");
+        let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["code"], "schema_missing", "{body}");
+        assert!(
+            problem["detail"].as_str().unwrap().contains("migrate"),
+            "{body}"
+        );
+    }
+    eventually("the log line", async || {
+        log.lock().unwrap().contains("does not exist")
+    })
+    .await;
+    let log = log.lock().unwrap().clone();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("idempotency schema is missing"))
+        .collect();
+    assert_eq!(lines.len(), 1, "logged once: {log}");
+    assert!(lines[0].contains("ERROR"), "at error level: {}", lines[0]);
+    assert!(
+        lines[0].contains("relation \"idempotency_records\" does not exist"),
+        "with the database's own message: {}",
+        lines[0]
+    );
+}

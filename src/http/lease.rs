@@ -109,7 +109,7 @@ impl<D: Store> RequestState<D> {
             )
             .await
             .map_err(|e| {
-                tracing::warn!(record = %self.id, error = %e, "lease claim failed");
+                tracing::warn!(record = %self.id, error = %crate::error::Chain(&e), "lease claim failed");
                 self.unavailable(e)
             })?;
         telemetry::claim_time("lease", started);
@@ -219,7 +219,7 @@ impl<D: Store> RequestState<D> {
                 )
             }
             Err(e) => {
-                tracing::error!(record = %self.id, error = %e, "could not store the lease result");
+                tracing::error!(record = %self.id, error = %crate::error::Chain(&e), "could not store the lease result");
                 telemetry::request(RequestOutcome::StoreError);
                 self.reject(
                     Rejection::new(

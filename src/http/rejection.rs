@@ -29,6 +29,10 @@ pub enum RejectionKind {
     InFlight,
     /// The idempotency store could not be reached (503, with `Retry-After`).
     StoreUnavailable,
+    /// The crate's tables or functions are missing from the database, or older than this
+    /// version needs: `migrate` has not run against it (500, no `Retry-After`: retrying
+    /// cannot help until an operator migrates).
+    SchemaMissing,
     /// The handler succeeded but the record insert or the COMMIT failed, or the connection
     /// was lost before PostgreSQL answered the COMMIT (503). Either nothing was stored and
     /// a retry runs the handler again, or — when only the answer was lost — the work did
@@ -74,7 +78,8 @@ impl RejectionKind {
             | Self::TransactionLeaked
             | Self::HandlerPanicked
             | Self::LayerMissing
-            | Self::MethodNotCovered => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::MethodNotCovered
+            | Self::SchemaMissing => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -90,6 +95,7 @@ impl RejectionKind {
             Self::InFlight => "in_flight",
             Self::LeaseLost => "lease_lost",
             Self::StoreUnavailable => "store_unavailable",
+            Self::SchemaMissing => "schema_missing",
             Self::CommitFailed => "commit_failed",
             Self::ResponseTooLarge => "response_too_large",
             Self::ResponseBodyFailed => "response_body_failed",

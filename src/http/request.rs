@@ -157,7 +157,7 @@ impl<D: Store> RequestState<D> {
             .claim(self.id, self.fingerprint, config.wait_for_in_flight)
             .await
             .map_err(|e| {
-                tracing::warn!(record = %self.id, error = %e, "claim failed");
+                tracing::warn!(record = %self.id, error = %crate::error::Chain(&e), "claim failed");
                 self.unavailable(e)
             })?;
         telemetry::claim_time("atomic", started);
@@ -191,18 +191,26 @@ impl<D: Store> RequestState<D> {
         }
     }
 
-    pub(crate) fn unavailable(
-        &self,
-        source: impl std::error::Error + Send + Sync + 'static,
-    ) -> Response {
+    pub(crate) fn unavailable(&self, error: crate::Error) -> Response {
         telemetry::request(RequestOutcome::StoreError);
+        if error.is_schema_missing() {
+            schema_missing_logged_once(&error);
+            return self.reject(
+                Rejection::new(
+                    RejectionKind::SchemaMissing,
+                    "the idempotency tables are missing or older than this version needs; \
+                     run axum_idempotency::migrate against this database",
+                )
+                .with_source(error),
+            );
+        }
         self.reject(
             Rejection::new(
                 RejectionKind::StoreUnavailable,
                 "the idempotency store is unavailable; retry later",
             )
             .with_retry_after(self.config.retry_after)
-            .with_source(source),
+            .with_source(error),
         )
     }
 
@@ -383,7 +391,8 @@ impl<D: Store> RequestState<D> {
                 }
             }
             Err(CommitError::Failed(e)) => {
-                tracing::error!(record = %self.id, error = %e, "commit failed or its outcome is unknown");
+                tracing::error!(record = %self.id, error = %crate::error::Chain(&e),
+                    "commit failed or its outcome is unknown");
                 drop(conn);
                 telemetry::request(RequestOutcome::StoreError);
                 self.reject(
@@ -433,6 +442,19 @@ impl<D: Store> RequestState<D> {
                 "the response body failed while being buffered; the work was rolled back",
             )),
         }
+    }
+}
+
+/// Logs a missing schema at error level, with the database's own message, once per
+/// process; later occurrences at debug level.
+fn schema_missing_logged_once(error: &crate::Error) {
+    static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let chain = crate::error::Chain(error);
+    if !LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::error!(error = %chain,
+            "the idempotency schema is missing or outdated: run axum_idempotency::migrate");
+    } else {
+        tracing::debug!(error = %chain, "the idempotency schema is missing or outdated");
     }
 }
 

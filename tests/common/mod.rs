@@ -491,6 +491,52 @@ pub async fn start_example(name: &str, env: &[(&str, &str)]) -> (tokio::process:
     (child, addr)
 }
 
+/// Like [`start_example`], with the example's stderr (its log) collected into the
+/// returned buffer as it is written.
+pub async fn start_example_logged(
+    name: &str,
+    env: &[(&str, &str)],
+) -> (tokio::process::Child, String, Arc<std::sync::Mutex<String>>) {
+    use tokio::io::AsyncBufReadExt;
+    let mut env = env.to_vec();
+    env.push(("RUST_LOG", "axum_idempotency=info"));
+    let mut command = tokio::process::Command::new(example_binary(name));
+    command
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    for (name, value) in &env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(String::new()));
+    let mut errors = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    tokio::spawn({
+        let log = Arc::clone(&log);
+        async move {
+            while let Ok(Some(line)) = errors.next_line().await {
+                let mut log = log.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        }
+    });
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some((_, addr)) = line.split_once("listening on http://") {
+                return addr.trim().to_owned();
+            }
+        }
+        panic!("the example exited before serving");
+    })
+    .await
+    .expect("the example did not start in 30 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, addr, log)
+}
+
 /// `DATABASE_URL` with this test's schema as the search path.
 pub fn schema_url(schema: &str) -> String {
     format!("{}?options=-c%20search_path%3D{schema}", database_url())
