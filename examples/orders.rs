@@ -70,16 +70,18 @@ impl From<deadpool_postgres::PoolError> for AppError {
 
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
-        let (status, detail) = match self {
+        let (status, code, detail) = match self {
             Self::InvalidAmount => (
                 StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_amount",
                 "amount must be positive".to_owned(),
             ),
             Self::Database(e) => {
                 eprintln!("database error: {e}: {:?}", std::error::Error::source(&e));
                 (
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "the database is unavailable".to_owned(),
+                    "database_unavailable",
+                    "the database is unavailable; retry later".to_owned(),
                 )
             }
         };
@@ -88,13 +90,21 @@ impl IntoResponse for AppError {
             "title": status.canonical_reason(),
             "status": status.as_u16(),
             "detail": detail,
+            "code": code,
         });
-        (
+        let mut response = (
             status,
             [("content-type", "application/problem+json")],
             body.to_string(),
         )
-            .into_response()
+            .into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Like the layer's own 503s: a retry may succeed, in a second.
+            response
+                .headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
@@ -215,13 +225,64 @@ async fn shutdown_signal() {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() {
+    if let Err(error) = run().await {
+        // One line: what failed, and why, all the way down.
+        let mut line = error.to_string();
+        let mut source = error.source();
+        while let Some(cause) = source {
+            line.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        eprintln!("orders example: {line}");
+        std::process::exit(1);
+    }
+}
+
+/// The database URL as it may be printed: without its password.
+fn redacted(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            match credentials.split_once(':') {
+                Some((user, _password)) => {
+                    format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+                }
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A start-up step that failed, with the database it was for.
+#[derive(Debug)]
+struct Startup {
+    what: String,
+    source: Box<dyn std::error::Error>,
+}
+
+impl std::fmt::Display for Startup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.what)
+    }
+}
+
+impl std::error::Error for Startup {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "axum_idempotency=info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a terminal, never into a redirected log.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let metrics = PrometheusBuilder::new().install_recorder()?;
     let database_url = std::env::var("DATABASE_URL")
@@ -245,7 +306,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     );
     let pool = Pool::builder(manager).max_size(16).build()?;
-    create_schema(&pool).await?;
+    create_schema(&pool).await.map_err(|e| Startup {
+        what: format!(
+            "could not prepare the database at {}",
+            redacted(&database_url)
+        ),
+        source: Box::new(e),
+    })?;
 
     let mut idempotency = IdempotencyLayer::new(pool.clone()).scope(|parts| {
         parts

@@ -81,6 +81,46 @@ impl Error {
     }
 }
 
+impl Error {
+    /// Whether a retry may succeed: no pooled connection, a connection lost or refused, the
+    /// server shutting down or short of resources, a serialization failure or deadlock.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Pool(_) => true,
+            Self::Postgres(e) if e.is_closed() => true,
+            _ => match self.sql_state() {
+                Some(code) => {
+                    let code = code.code();
+                    code.starts_with("08")
+                        || code.starts_with("53")
+                        || code.starts_with("57P")
+                        || code == "40001"
+                        || code == "40P01"
+                }
+                None => matches!(self, Self::Postgres(_)) || self.is_sqlx_io(),
+            },
+        }
+    }
+
+    #[cfg(feature = "sqlx")]
+    fn is_sqlx_io(&self) -> bool {
+        matches!(
+            self,
+            Self::Sqlx(
+                ::sqlx::Error::Io(_)
+                    | ::sqlx::Error::PoolTimedOut
+                    | ::sqlx::Error::PoolClosed
+                    | ::sqlx::Error::WorkerCrashed
+            )
+        )
+    }
+
+    #[cfg(not(feature = "sqlx"))]
+    fn is_sqlx_io(&self) -> bool {
+        false
+    }
+}
+
 /// An error with its whole source chain, `: `-separated, for log lines.
 pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 

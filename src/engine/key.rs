@@ -75,6 +75,9 @@ fn bare(raw: &[u8]) -> Result<String, KeyError> {
         return Err(KeyError::TooLong { len: raw.len() });
     }
     for (position, &byte) in raw.iter().enumerate() {
+        if byte == b' ' {
+            return Err(KeyError::SpaceInBareKey { position });
+        }
         if !(0x21..=0x7e).contains(&byte) {
             return Err(KeyError::InvalidCharacter { position });
         }
@@ -123,8 +126,14 @@ pub enum KeyError {
         /// Length seen, in bytes.
         len: usize,
     },
-    /// A byte outside printable ASCII (control character, non-ASCII, or a space in a bare key).
+    /// A byte outside printable ASCII (a control character, or not ASCII).
     InvalidCharacter {
+        /// Byte offset in the header value.
+        position: usize,
+    },
+    /// A space in a bare (unquoted) key: a key with spaces must be sent quoted,
+    /// `Idempotency-Key: "order 42"`.
+    SpaceInBareKey {
         /// Byte offset in the header value.
         position: usize,
     },
@@ -145,6 +154,11 @@ impl fmt::Display for KeyError {
             Self::InvalidCharacter { position } => write!(
                 f,
                 "the Idempotency-Key has a character outside printable ASCII at byte {position}"
+            ),
+            Self::SpaceInBareKey { position } => write!(
+                f,
+                "a bare Idempotency-Key cannot contain spaces (byte {position}); \
+                 quote it: \"your key\""
             ),
             Self::BrokenQuoting => f.write_str(
                 "the Idempotency-Key is neither a bare token nor a well-formed quoted string",
@@ -249,6 +263,17 @@ mod tests {
         ] {
             assert_eq!(IdempotencyKey::parse(raw).unwrap().as_str(), key, "{raw:?}");
         }
+    }
+
+    #[test]
+    fn a_space_in_a_bare_key_says_to_quote_it() {
+        let error = IdempotencyKey::parse(b"order 42").unwrap_err();
+        assert_eq!(error, KeyError::SpaceInBareKey { position: 5 });
+        assert!(error.to_string().contains("quote it"), "{error}");
+        assert_eq!(
+            IdempotencyKey::parse(br#""order 42""#).unwrap().as_str(),
+            "order 42"
+        );
     }
 
     #[test]

@@ -59,6 +59,9 @@ pub enum RejectionKind {
     LayerMissing,
     /// `IdempotentTx` was used on a method the layer does not cover (500).
     MethodNotCovered,
+    /// A handler returned an [`Error`](crate::Error) that is not about reaching the
+    /// database (a constraint, a statement refused): its work was rolled back (500).
+    DatabaseError,
 }
 
 impl RejectionKind {
@@ -79,7 +82,8 @@ impl RejectionKind {
             | Self::HandlerPanicked
             | Self::LayerMissing
             | Self::MethodNotCovered
-            | Self::SchemaMissing => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::SchemaMissing
+            | Self::DatabaseError => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -104,6 +108,7 @@ impl RejectionKind {
             Self::HandlerTimedOut => "handler_timed_out",
             Self::LayerMissing => "layer_missing",
             Self::MethodNotCovered => "method_not_covered",
+            Self::DatabaseError => "database_error",
         }
     }
 }
@@ -269,10 +274,63 @@ pub(crate) fn finalize(response: Response, handler: Option<&RejectionHandler>) -
     }
 }
 
+/// A handler may return `Result<_, axum_idempotency::Error>`: the error answers as a
+/// problem document. Not reaching the database (no pooled connection, a lost connection,
+/// a serialization failure or deadlock, the server shutting down) is 503 `store_unavailable`
+/// with `Retry-After: 1`; a schema never migrated is 500 `schema_missing`; anything else 500
+/// `database_error`. Either way the layer rolls the work back and stores nothing, so the
+/// client's retry runs again. The body never carries the database's message.
+///
+/// ```no_run
+/// use axum::http::StatusCode;
+/// use axum_idempotency::IdempotentTx;
+///
+/// async fn create_order(tx: IdempotentTx) -> Result<StatusCode, axum_idempotency::Error> {
+///     tx.execute("INSERT INTO orders (user_id, amount) VALUES (1001, 299)", &[]).await?;
+///     Ok(StatusCode::CREATED)
+/// }
+/// # let _: axum::routing::MethodRouter = axum::routing::post(create_order);
+/// ```
+impl IntoResponse for crate::Error {
+    fn into_response(self) -> Response {
+        let rejection = if self.is_schema_missing() {
+            Rejection::new(
+                RejectionKind::SchemaMissing,
+                "the database schema is missing or outdated; run axum_idempotency::migrate",
+            )
+        } else if self.is_transient() {
+            Rejection::new(
+                RejectionKind::StoreUnavailable,
+                "the database is unavailable; retry later",
+            )
+            .with_retry_after(1)
+        } else {
+            Rejection::new(
+                RejectionKind::DatabaseError,
+                "the request failed in the database; its work was rolled back",
+            )
+        };
+        rejection.with_source(self).problem_response()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn a_handler_error_answers_by_what_a_retry_can_do() {
+        let unreachable = crate::Error::Pool("no connection in time".into()).into_response();
+        assert_eq!(unreachable.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(unreachable.headers()[header::RETRY_AFTER], "1");
+        let misuse = crate::Error::TransactionEnded.into_response();
+        assert_eq!(misuse.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(misuse.headers().get(header::RETRY_AFTER).is_none());
+        let body = misuse.into_body().collect().await.unwrap().to_bytes();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["code"], "database_error");
+    }
 
     #[tokio::test]
     async fn problem_document_has_rfc9457_members() {
