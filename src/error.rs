@@ -26,6 +26,15 @@ pub enum Error {
     /// `ROLLBACK`, `BEGIN`, `END`, `ABORT`, `PREPARE TRANSACTION`). The layer alone decides how the
     /// transaction ends.
     TransactionControl,
+    /// The database's schema is older than this build of the crate needs (0: never
+    /// migrated): run [`migrate`](crate::migrate). Returned by
+    /// [`check_schema`](crate::check_schema).
+    SchemaOutdated {
+        /// Highest version found in the database.
+        found: i32,
+        /// The version this build needs.
+        needed: i32,
+    },
     /// The database holds a schema version this build of the crate does not know.
     UnknownSchemaVersion {
         /// Highest version found in the database.
@@ -73,6 +82,9 @@ impl Error {
     /// [`migrate`](crate::migrate).
     pub fn is_schema_missing(&self) -> bool {
         use tokio_postgres::error::SqlState;
+        if matches!(self, Self::SchemaOutdated { .. }) {
+            return true;
+        }
         self.sql_state().is_some_and(|code| {
             code == SqlState::UNDEFINED_TABLE
                 || code == SqlState::UNDEFINED_FUNCTION
@@ -150,6 +162,11 @@ impl fmt::Display for Error {
             Self::TransactionControl => f.write_str(
                 "transaction control statements are not allowed on an IdempotentTx; \
                  the layer commits or rolls back from the handler's response",
+            ),
+            Self::SchemaOutdated { found, needed } => write!(
+                f,
+                "the database schema is at version {found}, older than the {needed} this \
+                 version of axum-idempotency needs; run axum_idempotency::migrate"
             ),
             Self::UnknownSchemaVersion { found, known } => write!(
                 f,

@@ -42,7 +42,7 @@ pub use crate::http::request::REPLAYED_HEADER;
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError, Outcome};
 pub use crate::postgres::{IdempotentTx, TxStatement};
-pub use crate::store::{IntoStore, Store, migrate};
+pub use crate::store::{IntoStore, Store, check_schema, migrate};
 pub use crate::sweeper::{SweepReport, Sweeper, SweeperHandle};
 /// The `redis` crate this one is built with (feature `redis`), so the
 /// [`Client`](redis::Client) given to [`IdempotencyLayer::redis`] is of the same version.

@@ -98,7 +98,36 @@ async fn a_newer_schema_is_refused<D: Driver>() {
     }
 }
 
+/// `check_schema` tells, before the first request, whether `migrate` has run: never,
+/// fully, or by a newer version.
+async fn check_schema_says_whether_migrate_ran<D: Driver>() {
+    let db = TestDb::bare(2).await;
+    let pool = D::pool(&db);
+    match axum_idempotency::check_schema(&pool).await {
+        Err(error @ Error::SchemaOutdated { found: 0, .. }) => {
+            assert!(error.is_schema_missing());
+            assert!(error.to_string().contains("migrate"), "{error}");
+        }
+        other => panic!("expected SchemaOutdated at 0, got {other:?}"),
+    }
+    axum_idempotency::migrate(&pool).await.unwrap();
+    axum_idempotency::check_schema(&pool).await.unwrap();
+    db.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.axum_idempotency_migrations (version, name) VALUES (999, 'future')",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    assert!(matches!(
+        axum_idempotency::check_schema(&pool).await,
+        Err(Error::UnknownSchemaVersion { found: 999, .. })
+    ));
+}
+
 for_each_driver! {
+    #[tokio::test]
+    async check_schema_says_whether_migrate_ran;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async concurrent_migrations_apply_each_version_once;
     #[tokio::test]

@@ -134,6 +134,19 @@ impl Store for PgStore {
         super::migrate::run(self.checkout().await?).await
     }
 
+    async fn schema_version(&self) -> Result<i32, Error> {
+        let conn = self.checkout().await?;
+        match conn
+            .client()
+            .query_typed_one(sql::SCHEMA_VERSION, &[])
+            .await
+        {
+            Ok(row) => Ok(row.try_get(0)?),
+            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// By default, first a lookup outside any transaction (a replay, a 422 or a 409 for a
     /// leased key needs nothing more), then `BEGIN`, the lock attempt and the lookup again,
     /// pipelined in one round trip: the second lookup is a statement of its own after the

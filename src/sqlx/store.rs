@@ -80,6 +80,7 @@ fn sql_state(error: &::sqlx::Error) -> Option<String> {
 
 const UNIQUE_VIOLATION: &str = "23505";
 const LOCK_NOT_AVAILABLE: &str = "55P03";
+const UNDEFINED_TABLE: &str = "42P01";
 
 fn lock_timeout(wait: Duration) -> String {
     format!("{}ms", wait.as_millis().max(1))
@@ -192,6 +193,17 @@ impl Store for SqlxStore {
         }
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn schema_version(&self) -> Result<i32, Error> {
+        match statement(sql::SCHEMA_VERSION, false)
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(row) => Ok(row.try_get(0)?),
+            Err(e) if sql_state(&e).as_deref() == Some(UNDEFINED_TABLE) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// `BEGIN`, then the claim function — or, with `wait`, the bounded lock wait and the

@@ -52,6 +52,10 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     #[doc(hidden)]
     fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;
 
+    /// The highest migration applied (0 when none, or no migration table).
+    #[doc(hidden)]
+    fn schema_version(&self) -> impl Future<Output = Result<i32, Error>> + Send;
+
     /// Begins a transaction and claims the key: the lock first, then the record in a
     /// snapshot taken after it. With `wait`, the lock is awaited for that long.
     #[doc(hidden)]
@@ -205,6 +209,36 @@ where
     P: IntoStore + Clone,
 {
     pool.clone().into_store().migrate().await
+}
+
+/// Checks, without changing anything, that the database behind `pool` holds the schema
+/// this version of the crate needs — for a start-up check that tells the operator before
+/// the first request does. [`Error::SchemaOutdated`] when `migrate` has not run (or ran
+/// from an older version), [`Error::UnknownSchemaVersion`] when a newer version migrated
+/// it.
+///
+/// ```no_run
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), axum_idempotency::Error> {
+/// if let Err(error) = axum_idempotency::check_schema(&pool).await {
+///     eprintln!("not serving: {error}");
+///     std::process::exit(1);
+/// }
+/// # Ok(()) }
+/// ```
+pub async fn check_schema<P>(pool: &P) -> Result<(), Error>
+where
+    P: IntoStore + Clone,
+{
+    let found = pool.clone().into_store().schema_version().await?;
+    let known = migrations::latest();
+    match found.cmp(&known) {
+        std::cmp::Ordering::Less => Err(Error::SchemaOutdated {
+            found,
+            needed: known,
+        }),
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Greater => Err(Error::UnknownSchemaVersion { found, known }),
+    }
 }
 
 pub(crate) mod sealed {
