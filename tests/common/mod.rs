@@ -466,7 +466,6 @@ pub async fn start_orders_example(env: &[(&str, &str)]) -> (tokio::process::Chil
 
 /// Like [`start_orders_example`], for an example of the same contract (`orders_sqlx`).
 pub async fn start_example(name: &str, env: &[(&str, &str)]) -> (tokio::process::Child, String) {
-    use tokio::io::AsyncBufReadExt;
     let mut command = tokio::process::Command::new(example_binary(name));
     command
         .env("BIND_ADDR", "127.0.0.1:0")
@@ -476,6 +475,14 @@ pub async fn start_example(name: &str, env: &[(&str, &str)]) -> (tokio::process:
         command.env(name, value);
     }
     let mut child = command.spawn().unwrap();
+    let addr = served_address(&mut child).await;
+    (child, addr)
+}
+
+/// The address an example printed on stdout once it serves; its stdout keeps being drained
+/// after that, so it never writes into a closed pipe.
+async fn served_address(child: &mut tokio::process::Child) -> String {
+    use tokio::io::AsyncBufReadExt;
     let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let addr = tokio::time::timeout(Duration::from_secs(30), async {
         while let Some(line) = lines.next_line().await.unwrap() {
@@ -488,7 +495,7 @@ pub async fn start_example(name: &str, env: &[(&str, &str)]) -> (tokio::process:
     .await
     .expect("the example did not start in 30 s");
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    (child, addr)
+    addr
 }
 
 /// Like [`start_example`], with the example's stderr (its log) collected into the
@@ -522,18 +529,7 @@ pub async fn start_example_logged(
             }
         }
     });
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some((_, addr)) = line.split_once("listening on http://") {
-                return addr.trim().to_owned();
-            }
-        }
-        panic!("the example exited before serving");
-    })
-    .await
-    .expect("the example did not start in 30 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let addr = served_address(&mut child).await;
     (child, addr, log)
 }
 
