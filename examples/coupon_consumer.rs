@@ -1,4 +1,4 @@
-//! The article's coupon consumer: "payment succeeded" messages from RabbitMQ grant a coupon,
+//! The coupon consumer: "payment succeeded" messages from RabbitMQ grant a coupon,
 //! once per message id, however often the broker delivers them.
 //!
 //! ```text

@@ -1,4 +1,4 @@
-//! A troubleshooting tool over [`axum_idempotency::Admin`]: the article's checklist from
+//! A troubleshooting tool over [`axum_idempotency::Admin`]: the troubleshooting checklist from
 //! the command line.
 //!
 //! ```text

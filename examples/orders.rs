@@ -8,6 +8,18 @@
 //! curl localhost:3000/metrics
 //! ```
 //!
+//! `POST /orders/{order_no}/pay` (no body; `Idempotency-Key` required, scoped like
+//! `POST /orders`) moves the order from `NEW` to `PAID` and, only when this request changed
+//! it, enqueues one `{"message_id", "user_id", "coupon_code": "PAID_THANKS"}` message for
+//! the queue named by `PAYMENTS_QUEUE` (default `payment-succeeded`) in the same
+//! transaction. With `AMQP_URL` set (and feature `rabbitmq`), the outbox relay runs in this
+//! process and publishes it; `examples/coupon_consumer.rs` grants the coupon once:
+//!
+//! ```text
+//! AMQP_URL=amqp://guest:guest@127.0.0.1:5672/%2f cargo run --example orders --features rabbitmq
+//! curl -i -X POST localhost:3000/orders/ORD-1/pay -H 'Idempotency-Key: pay-1' -H 'X-User-Id: 1001'
+//! ```
+//!
 //! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
 //! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.
 //!
@@ -23,6 +35,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use axum_idempotency::outbox::OutboxMessage;
 use axum_idempotency::{IdempotencyLayer, IdempotentTx};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -30,6 +43,11 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::Type;
 use tower_http::trace::TraceLayer;
+
+#[path = "support/openapi.rs"]
+mod openapi;
+#[path = "support/relay.rs"]
+mod relay;
 
 #[derive(Deserialize)]
 struct NewOrder {
@@ -47,6 +65,7 @@ struct Order {
 /// Handler errors, as problem documents.
 enum AppError {
     InvalidAmount,
+    UnknownOrder,
     Database(axum_idempotency::Error),
 }
 
@@ -75,6 +94,11 @@ impl IntoResponse for AppError {
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "invalid_amount",
                 "amount must be positive".to_owned(),
+            ),
+            Self::UnknownOrder => (
+                StatusCode::NOT_FOUND,
+                "unknown_order",
+                "no order with this number".to_owned(),
             ),
             Self::Database(e) => {
                 eprintln!("database error: {e}: {:?}", std::error::Error::source(&e));
@@ -150,6 +174,39 @@ async fn create_order(
     ))
 }
 
+const PAY_ORDER: &str = "UPDATE orders SET status = 'PAID' \
+                         WHERE order_no = $1 AND status = 'NEW' RETURNING user_id";
+
+/// Pays an order. The state-machine guard (`NEW` → `PAID`, a conditional update) and the
+/// `payment-succeeded` message commit with the idempotency record, or not at all: the
+/// message is enqueued only when this request changed the order, so paying it again under
+/// another key answers the same and announces nothing.
+async fn pay_order(tx: IdempotentTx, Path(order_no): Path<String>) -> Result<Response, AppError> {
+    let paid = tx.query_opt(PAY_ORDER, &[&order_no]).await?;
+    if let Some(row) = paid {
+        let user_id: i64 = row.get(0);
+        // The same id on every retry of this request: the consumer's Inbox keeps one.
+        let message_id = tx.derive_key("payment-succeeded");
+        let event = serde_json::json!({
+            "message_id": message_id,
+            "user_id": user_id,
+            "coupon_code": "PAID_THANKS",
+        });
+        let message = OutboxMessage::json(relay::payments_queue(), &event)
+            .expect("a JSON object")
+            .id(message_id);
+        tx.enqueue(&message).await?;
+    } else {
+        let known = tx
+            .query_opt("SELECT 1 FROM orders WHERE order_no = $1", &[&order_no])
+            .await?;
+        if known.is_none() {
+            return Ok(AppError::UnknownOrder.into_response());
+        }
+    }
+    Ok(Json(serde_json::json!({ "order_no": order_no, "status": "PAID" })).into_response())
+}
+
 async fn get_order(
     State(pool): State<Pool>,
     Path(order_no): Path<String>,
@@ -179,12 +236,14 @@ fn app(pool: Pool, idempotency: IdempotencyLayer, metrics: PrometheusHandle) -> 
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{order_no}", get(get_order))
+        .route("/orders/{order_no}/pay", post(pay_order))
         .layer(idempotency)
         .with_state(pool)
         .route(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         )
+        .merge(openapi::router())
         .layer(TraceLayer::new_for_http())
 }
 
@@ -199,7 +258,8 @@ async fn create_schema(pool: &Pool) -> Result<(), axum_idempotency::Error> {
                  user_id    bigint      NOT NULL,
                  amount     bigint      NOT NULL,
                  created_at timestamptz NOT NULL DEFAULT now()
-             );",
+             );
+             ALTER TABLE orders ADD COLUMN IF NOT EXISTS status text NOT NULL DEFAULT 'NEW';",
         )
         .await?;
     Ok(())
@@ -325,6 +385,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PREPARED_STATEMENTS").is_some() {
         idempotency = idempotency.prepared_statements(prepared);
     }
+    let relay = relay::start(pool.clone(), &database_url, prepared).await?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!(
         "orders example listening on http://{}",
@@ -334,6 +395,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     idempotency.drain().await;
+    // After the drain: what the last requests enqueued is published before the relay stops.
+    if let Some(relay) = relay {
+        relay.shutdown().await;
+    }
     println!("orders example stopped");
     Ok(())
 }

@@ -20,12 +20,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use axum_idempotency::IdempotencyLayer;
+use axum_idempotency::outbox::OutboxMessage;
 use axum_idempotency::sqlx::{IdempotentTx, SqlxStore};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tower_http::trace::TraceLayer;
+
+#[path = "support/openapi.rs"]
+mod openapi;
+#[path = "support/relay.rs"]
+mod relay;
 
 #[derive(Deserialize)]
 struct NewOrder {
@@ -43,7 +49,16 @@ struct Order {
 /// Handler errors, as problem documents.
 enum AppError {
     InvalidAmount,
+    UnknownOrder,
     Database(sqlx::Error),
+    /// The crate's own errors answer as its problem documents.
+    Idempotency(axum_idempotency::Error),
+}
+
+impl From<axum_idempotency::Error> for AppError {
+    fn from(e: axum_idempotency::Error) -> Self {
+        Self::Idempotency(e)
+    }
 }
 
 impl From<sqlx::Error> for AppError {
@@ -60,6 +75,12 @@ impl IntoResponse for AppError {
                 "invalid_amount",
                 "amount must be positive".to_owned(),
             ),
+            Self::UnknownOrder => (
+                StatusCode::NOT_FOUND,
+                "unknown_order",
+                "no order with this number".to_owned(),
+            ),
+            Self::Idempotency(e) => return e.into_response(),
             Self::Database(e) => {
                 eprintln!("database error: {e}");
                 (
@@ -128,6 +149,45 @@ async fn create_order(
     ))
 }
 
+/// Pays an order: `NEW` → `PAID` with a conditional update, and only when this request
+/// changed it one `payment-succeeded` message, both in the layer's transaction.
+async fn pay_order(
+    mut tx: IdempotentTx,
+    Path(order_no): Path<String>,
+) -> Result<Response, AppError> {
+    let paid: Option<i64> = sqlx::query_scalar(
+        "UPDATE orders SET status = 'PAID' \
+         WHERE order_no = $1 AND status = 'NEW' RETURNING user_id",
+    )
+    .bind(&order_no)
+    .persistent(prepared_statements())
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some(user_id) = paid {
+        // The same id on every retry of this request: the consumer's Inbox keeps one.
+        let message_id = tx.derive_key("payment-succeeded");
+        let event = serde_json::json!({
+            "message_id": message_id,
+            "user_id": user_id,
+            "coupon_code": "PAID_THANKS",
+        });
+        let message = OutboxMessage::json(relay::payments_queue(), &event)
+            .expect("a JSON object")
+            .id(message_id);
+        tx.enqueue(&message).await?;
+    } else {
+        let known: Option<i32> = sqlx::query_scalar("SELECT 1 FROM orders WHERE order_no = $1")
+            .bind(&order_no)
+            .persistent(prepared_statements())
+            .fetch_optional(&mut *tx)
+            .await?;
+        if known.is_none() {
+            return Ok(AppError::UnknownOrder.into_response());
+        }
+    }
+    Ok(Json(serde_json::json!({ "order_no": order_no, "status": "PAID" })).into_response())
+}
+
 async fn get_order(
     State(pool): State<PgPool>,
     Path(order_no): Path<String>,
@@ -153,12 +213,14 @@ fn app(
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{order_no}", get(get_order))
+        .route("/orders/{order_no}/pay", post(pay_order))
         .layer(idempotency)
         .with_state(pool)
         .route(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         )
+        .merge(openapi::router())
         .layer(TraceLayer::new_for_http())
 }
 
@@ -171,7 +233,8 @@ async fn create_schema(pool: &PgPool) -> Result<(), axum_idempotency::Error> {
              user_id    bigint      NOT NULL,
              amount     bigint      NOT NULL,
              created_at timestamptz NOT NULL DEFAULT now()
-         );",
+         );
+         ALTER TABLE orders ADD COLUMN IF NOT EXISTS status text NOT NULL DEFAULT 'NEW';",
     )
     .execute(pool)
     .await?;
@@ -297,6 +360,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .map(str::to_owned)
         })
         .prepared_statements(prepared);
+    let relay = relay::start(pool.clone(), &database_url, prepared).await?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!(
         "orders example listening on http://{}",
@@ -306,6 +370,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     idempotency.drain().await;
+    // After the drain: what the last requests enqueued is published before the relay stops.
+    if let Some(relay) = relay {
+        relay.shutdown().await;
+    }
     println!("orders example stopped");
     Ok(())
 }

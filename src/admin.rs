@@ -1,4 +1,4 @@
-//! The troubleshooting view: the article's checklist as a small API.
+//! The troubleshooting view: the troubleshooting checklist as a small API.
 //!
 //! When a client reports "my retry was refused" or "my payment ran twice": look the key up
 //! in its scope and compare the stored fingerprint and state with what the client sent; list
@@ -104,6 +104,55 @@ pub struct MessageInfo {
     pub expires_at: SystemTime,
 }
 
+/// An outbox message, as [`Admin`] shows it. The payload itself is not included, only its
+/// size.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct OutboxInfo {
+    /// Position in the outbox: commit order within an ordering key.
+    pub seq: i64,
+    /// The message id the consumer deduplicates on.
+    pub message_id: String,
+    /// The topic (for RabbitMQ, the routing key).
+    pub topic: String,
+    /// The ordering key, if any.
+    pub ordering_key: Option<String>,
+    /// `PENDING`, `SENT` or `FAILED` (parked after its attempts).
+    pub state: String,
+    /// Attempts the broker refused (for `SENT`: attempts it took).
+    pub attempts: u32,
+    /// The broker's last refusal.
+    pub last_error: Option<String>,
+    /// Size of the payload, in bytes.
+    pub payload_bytes: usize,
+    /// When the message was enqueued.
+    pub created_at: SystemTime,
+    /// When the broker confirmed it.
+    pub sent_at: Option<SystemTime>,
+}
+
+/// Which outbox messages [`Admin::outbox_messages`] lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutboxState {
+    /// Waiting for a relay (or for their next attempt).
+    Pending,
+    /// Confirmed by the broker.
+    Sent,
+    /// Parked after the broker refused them `max_attempts` times.
+    Failed,
+}
+
+impl OutboxState {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "PENDING",
+            Self::Sent => "SENT",
+            Self::Failed => "FAILED",
+        }
+    }
+}
+
 impl<D: Store> Admin<D> {
     /// An admin view over the crate's tables in `pool`'s database (any pool the crate
     /// supports, see [`IntoStore`]).
@@ -125,6 +174,37 @@ impl<D: Store> Admin<D> {
     pub fn prepared_statements(mut self, enabled: bool) -> Self {
         self.store.set_prepared_statements(enabled);
         self
+    }
+
+    /// Outbox messages in `state`, oldest first, at most `limit`: the pending backlog while
+    /// the broker is down, or the messages parked after the broker kept refusing them
+    /// (each with its last error).
+    ///
+    /// ```no_run
+    /// use axum_idempotency::OutboxState;
+    ///
+    /// # async fn run(admin: axum_idempotency::Admin) -> Result<(), axum_idempotency::Error> {
+    /// for message in admin.outbox_messages(OutboxState::Failed, 20).await? {
+    ///     println!("{} to {}: {:?}", message.message_id, message.topic, message.last_error);
+    ///     // Once the queue exists (or the consumer is fixed), send it again:
+    ///     admin.requeue_outbox(&message.message_id).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn outbox_messages(
+        &self,
+        state: OutboxState,
+        limit: u32,
+    ) -> Result<Vec<OutboxInfo>, Error> {
+        self.store
+            .outbox_messages(state.as_str(), i64::from(limit))
+            .await
+    }
+
+    /// Puts a parked (`FAILED`) outbox message back in the queue with its attempts reset;
+    /// `false` when no parked message has that id.
+    pub async fn requeue_outbox(&self, message_id: &str) -> Result<bool, Error> {
+        self.store.outbox_requeue(message_id).await
     }
 
     /// The record for `key` in `scope`, expired or not. `key` is taken as the client sent it
@@ -253,6 +333,38 @@ impl From<RecordColumns> for RecordInfo {
             expires_at: epoch(c.expires_at),
             locked_until: c.locked_until.map(epoch),
             response_bytes: usize::try_from(c.response_bytes).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// The columns of an admin outbox row (`sql::ADMIN_OUTBOX`), as a driver decoded them.
+#[derive(Debug)]
+pub(crate) struct OutboxColumns {
+    pub(crate) seq: i64,
+    pub(crate) message_id: String,
+    pub(crate) topic: String,
+    pub(crate) ordering_key: Option<String>,
+    pub(crate) state: String,
+    pub(crate) attempts: i32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) payload_bytes: i64,
+    pub(crate) created_at: f64,
+    pub(crate) sent_at: Option<f64>,
+}
+
+impl From<OutboxColumns> for OutboxInfo {
+    fn from(c: OutboxColumns) -> Self {
+        Self {
+            seq: c.seq,
+            message_id: c.message_id,
+            topic: c.topic,
+            ordering_key: c.ordering_key,
+            state: c.state,
+            attempts: u32::try_from(c.attempts).unwrap_or(0),
+            last_error: c.last_error,
+            payload_bytes: usize::try_from(c.payload_bytes).unwrap_or(usize::MAX),
+            created_at: epoch(c.created_at),
+            sent_at: c.sent_at.map(epoch),
         }
     }
 }

@@ -18,6 +18,7 @@ pub enum Error {
     /// PostgreSQL (or the connection to it, or sqlx's pool) reported an error, through
     /// sqlx (feature `sqlx`).
     #[cfg(feature = "sqlx")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
     Sqlx(::sqlx::Error),
     /// The transaction this handle belonged to has already been committed or rolled back —
     /// typically a handle moved into a task that outlived its handler.
@@ -45,6 +46,9 @@ pub enum Error {
     /// A key given to [`Admin::lookup`](crate::Admin::lookup) is not a valid
     /// `Idempotency-Key` value.
     InvalidKey(crate::KeyError),
+    /// An [`OutboxMessage`](crate::outbox::OutboxMessage) was refused before it reached
+    /// the database (see [`MessageError`](crate::outbox::MessageError)).
+    InvalidMessage(crate::outbox::MessageError),
     /// A stored response body or inbox payload could not be encrypted or decrypted (see
     /// [`EncryptionError`](crate::EncryptionError)).
     Encryption(crate::EncryptionError),
@@ -174,6 +178,7 @@ impl fmt::Display for Error {
                  newer than the {known} this version of axum-idempotency knows"
             ),
             Self::InvalidKey(_) => f.write_str("invalid idempotency key"),
+            Self::InvalidMessage(_) => f.write_str("invalid outbox message"),
             Self::Encryption(_) => f.write_str("encryption at rest failed"),
         }
     }
@@ -187,6 +192,7 @@ impl std::error::Error for Error {
             #[cfg(feature = "sqlx")]
             Self::Sqlx(e) => Some(e),
             Self::InvalidKey(e) => Some(e),
+            Self::InvalidMessage(e) => Some(e),
             Self::Encryption(e) => Some(e),
             _ => None,
         }
@@ -200,6 +206,7 @@ impl From<tokio_postgres::Error> for Error {
 }
 
 #[cfg(feature = "deadpool")]
+#[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
 impl From<deadpool_postgres::PoolError> for Error {
     fn from(e: deadpool_postgres::PoolError) -> Self {
         Self::Pool(Box::new(e))
@@ -207,6 +214,7 @@ impl From<deadpool_postgres::PoolError> for Error {
 }
 
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 impl From<::sqlx::Error> for Error {
     fn from(e: ::sqlx::Error) -> Self {
         Self::Sqlx(e)

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use futures_util::FutureExt;
 use sha2::{Digest, Sha256};
 
-use crate::engine::key::{KeyError, MAX_KEY_LEN, RecordId};
+use crate::engine::key::{KeyError, RecordId};
 use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::engine::shared_tx::SharedTx;
 use crate::engine::telemetry;
@@ -88,7 +88,7 @@ struct InboxConfig<D> {
     payload_keys: Option<crate::engine::crypto::BodyKeys>,
 }
 
-/// What [`Inbox::process`] did with a message: the article's states as seen by a consumer.
+/// What [`Inbox::process`] did with a message: the record's states as a consumer sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome<T> {
     /// The work ran and committed together with the consume record.
@@ -237,6 +237,7 @@ impl<D: Store> Inbox<D> {
     /// # }
     /// ```
     #[cfg(feature = "encryption")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
     #[must_use]
     pub fn encrypt_payloads(self, keys: crate::BodyKeys) -> Self {
         self.with(|c| c.payload_keys = Some(keys))
@@ -296,6 +297,46 @@ impl<D: Store> Inbox<D> {
         self.run(message_id, Some(payload), work).await
     }
 
+    /// Runs a scheduled job's `slot` once, however many schedulers fire it: the job name
+    /// and slot (`"nightly-settlement"`, `"2026-12-01"`) are the message id, so the work
+    /// and its record commit together, a second scheduler firing the same slot gets
+    /// [`Outcome::Duplicate`] (after waiting up to the [`lock_timeout`](Self::lock_timeout)
+    /// for one still running, else [`InboxError::Busy`]), and a run that crashed or failed
+    /// rolled back and runs again at the next firing.
+    ///
+    /// For the failover case: a job re-fired after a primary/standby switch finds the
+    /// record of the run that committed before it, and does nothing.
+    ///
+    /// ```no_run
+    /// use axum_idempotency::{Inbox, Outcome};
+    ///
+    /// # async fn nightly(pool: deadpool_postgres::Pool, day: &str) -> Result<(), Box<dyn std::error::Error>> {
+    /// let jobs = Inbox::new(pool, "scheduler");
+    /// let outcome = jobs
+    ///     .run_once("nightly-settlement", day, |tx| async move {
+    ///         tx.execute("INSERT INTO settlements (day) VALUES ($1::text::date)", &[&day])
+    ///             .await
+    ///     })
+    ///     .await?;
+    /// if let Outcome::Duplicate { .. } = outcome {
+    ///     println!("{day} was settled already");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_once<F, Fut, T, E>(
+        &self,
+        job: &str,
+        slot: &str,
+        work: F,
+    ) -> Result<Outcome<T>, InboxError<E>>
+    where
+        F: FnOnce(D::Handle) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: fmt::Display,
+    {
+        self.run(&format!("{job}@{slot}"), None, work).await
+    }
+
     async fn run<F, Fut, T, E>(
         &self,
         message_id: &str,
@@ -307,7 +348,8 @@ impl<D: Store> Inbox<D> {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
-        validate_message_id(message_id).map_err(InboxError::InvalidMessageId)?;
+        crate::engine::key::validate_message_id(message_id)
+            .map_err(InboxError::InvalidMessageId)?;
         let config = &self.config;
         let id = RecordId::from_parts(&config.group, message_id);
         let digest = payload.map(|payload| Sha256::digest(payload).to_vec());
@@ -465,19 +507,5 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         message.clone()
     } else {
         "non-string panic payload".to_owned()
-    }
-}
-
-/// Message ids follow the rules of HTTP keys: 1–255 printable ASCII characters, no spaces.
-fn validate_message_id(id: &str) -> Result<(), KeyError> {
-    if id.is_empty() {
-        return Err(KeyError::Empty);
-    }
-    if id.len() > MAX_KEY_LEN {
-        return Err(KeyError::TooLong { len: id.len() });
-    }
-    match id.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
-        Some(position) => Err(KeyError::InvalidCharacter { position }),
-        None => Ok(()),
     }
 }

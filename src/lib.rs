@@ -11,17 +11,27 @@
 //! | `store/` | the seam: the sealed [`Store`] trait every driver implements, [`IntoStore`] and [`migrate`], the statement texts the drivers share, the migration list. |
 //! | `postgres/` | the tokio-postgres driver: [`PgStore`](postgres::PgStore) over any [`ClientPool`](postgres::ClientPool) (deadpool, bb8, yours), [`IdempotentTx`]. |
 //! | `sqlx/` | the sqlx driver (feature `sqlx`): `SqlxStore` over an `sqlx::PgPool`, its own `IdempotentTx` that derefs to the transaction's `PgConnection`. |
+//! | `outbox/` | the transactional outbox's relay ([`outbox::OutboxRelay`]), the [`outbox::Publisher`] seam and the RabbitMQ publisher; the message and batch rules live in `engine/outbox.rs`, the statements with the drivers. |
 //! | `inbox.rs`, `sweeper.rs`, `admin.rs` | the [`Inbox`], the [`Sweeper`] and [`Admin`], written once against [`Store`]. |
+//! | `guide.rs` | the guides: documentation only ([`guide`]), no code. |
 //!
 //! Every SQL statement lives under `store/` and the driver modules; `migrations/` holds
 //! the SQL files every driver's `migrate` runs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
 mod engine;
 mod error;
+pub mod guide;
 mod http;
 mod inbox;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
+pub mod outbox;
 pub mod postgres;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
@@ -29,8 +39,9 @@ pub mod sqlx;
 mod store;
 mod sweeper;
 
-pub use crate::admin::{Admin, MessageInfo, RecordInfo};
+pub use crate::admin::{Admin, MessageInfo, OutboxInfo, OutboxState, RecordInfo};
 #[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 pub use crate::engine::crypto::BodyKeys;
 pub use crate::engine::crypto::EncryptionError;
 pub use crate::engine::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};
@@ -47,4 +58,5 @@ pub use crate::sweeper::{SweepReport, Sweeper, SweeperHandle};
 /// The `redis` crate this one is built with (feature `redis`), so the
 /// [`Client`](redis::Client) given to [`IdempotencyLayer::redis`] is of the same version.
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use ::redis;

@@ -131,6 +131,8 @@ struct SweeperConfig<D> {
     batch_size: u32,
     success_grace: Duration,
     failure_retention: Duration,
+    outbox_sent_retention: Duration,
+    outbox_failed_retention: Duration,
     mark_stale_failed_after: Option<Duration>,
 }
 
@@ -142,6 +144,8 @@ pub struct SweepReport {
     pub purged_records: u64,
     /// Rows deleted from `inbox_messages`.
     pub purged_messages: u64,
+    /// Settled rows deleted from `idempotency_outbox`.
+    pub purged_outbox: u64,
     /// PROCESSING records past their lease, counted before any was marked FAILED.
     pub stale_processing: u64,
     /// How long ago the oldest of them lost its lease.
@@ -161,6 +165,8 @@ impl<D: Store> Sweeper<D> {
                 batch_size: 1000,
                 success_grace: Duration::ZERO,
                 failure_retention: Duration::from_secs(7 * 24 * 3600),
+                outbox_sent_retention: Duration::from_secs(24 * 3600),
+                outbox_failed_retention: Duration::from_secs(30 * 24 * 3600),
                 mark_stale_failed_after: None,
             }),
         }
@@ -208,6 +214,20 @@ impl<D: Store> Sweeper<D> {
         self.with(|c| c.failure_retention = retention)
     }
 
+    /// How long an outbox message is kept after the broker confirmed it (pending messages
+    /// are never purged). Default: 1 day.
+    #[must_use]
+    pub fn outbox_sent_retention(self, retention: Duration) -> Self {
+        self.with(|c| c.outbox_sent_retention = retention)
+    }
+
+    /// How long an outbox message parked as FAILED is kept after it was enqueued, to be
+    /// looked into and requeued. Default: 30 days.
+    #[must_use]
+    pub fn outbox_failed_retention(self, retention: Duration) -> Self {
+        self.with(|c| c.outbox_failed_retention = retention)
+    }
+
     /// Marks PROCESSING records whose lease ended more than `after` ago FAILED and
     /// retryable. The next retry of such a key runs the handler again, and the lost holder,
     /// should it come back, has its fenced completion refused.
@@ -230,7 +250,7 @@ impl<D: Store> Sweeper<D> {
         self.with(|c| c.store.set_prepared_statements(enabled))
     }
 
-    /// Runs one sweep: purges expired records of both tables batch by batch, reports the
+    /// Runs one sweep: purges expired records of both tables and settled outbox messages batch by batch, reports the
     /// PROCESSING records past their lease (metrics, and a warning naming up to ten record
     /// ids, never keys), then marks them failed if configured.
     ///
@@ -249,6 +269,13 @@ impl<D: Store> Sweeper<D> {
         telemetry::purged("idempotency_records", purged_records);
         let purged_messages = self.batches(SweepBatch::PurgeMessages(retention)).await?;
         telemetry::purged("inbox_messages", purged_messages);
+        let outbox = RetentionParams {
+            success_grace: config.outbox_sent_retention,
+            failure_retention: config.outbox_failed_retention,
+            limit,
+        };
+        let purged_outbox = self.batches(SweepBatch::PurgeOutbox(outbox)).await?;
+        telemetry::purged("idempotency_outbox", purged_outbox);
 
         let (stale_processing, oldest_stale) = self.report_stale().await?;
 
@@ -269,6 +296,7 @@ impl<D: Store> Sweeper<D> {
         let report = SweepReport {
             purged_records,
             purged_messages,
+            purged_outbox,
             stale_processing,
             oldest_stale,
             marked_failed,

@@ -32,6 +32,72 @@ fn post_order(key: &str, amount: i64) -> String {
     )
 }
 
+fn pay(order_no: &str, key: Option<&str>) -> String {
+    let key = key.map_or(String::new(), |key| format!("idempotency-key: {key}\r\n"));
+    format!(
+        "POST /orders/{order_no}/pay HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{key}\
+         x-user-id: 1001\r\ncontent-length: 0\r\n\r\n"
+    )
+}
+
+/// `POST /orders/{order_no}/pay`: NEW → PAID once, one `payment-succeeded` message in the
+/// outbox (no relay runs without `AMQP_URL`), the same answer for a replay and for a second
+/// key, 404 for an unknown order, 400 without a key.
+async fn pays_once_and_enqueues_one_message(db: &TestDb, addr: &str, order_no: &str) {
+    let (status, paid) = http(addr, &pay(order_no, Some("pay-1"))).await;
+    assert_eq!(status, 200, "{paid}");
+    let paid_json: serde_json::Value = serde_json::from_str(&paid).unwrap();
+    assert_eq!(
+        paid_json,
+        serde_json::json!({"order_no": order_no, "status": "PAID"})
+    );
+    assert_eq!(
+        http(addr, &pay(order_no, Some("pay-1"))).await,
+        (200, paid.clone())
+    );
+    assert_eq!(
+        http(addr, &pay(order_no, Some("pay-2"))).await,
+        (200, paid.clone())
+    );
+    let (status, unknown) = http(addr, &pay("ORD-999999", Some("pay-3"))).await;
+    assert_eq!(status, 404, "{unknown}");
+    assert_eq!(http(addr, &pay(order_no, None)).await.0, 400);
+
+    let rows = db
+        .admin
+        .query(
+            &format!(
+                "SELECT message_id, topic, payload, state FROM {}.idempotency_outbox",
+                db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1, "one message for one payment");
+    let message_id: String = rows[0].get(0);
+    assert_eq!(rows[0].get::<_, String>(1), "payment-succeeded");
+    let event: serde_json::Value = serde_json::from_slice(rows[0].get::<_, &[u8]>(2)).unwrap();
+    assert_eq!(
+        event,
+        serde_json::json!({"message_id": message_id, "user_id": 1001, "coupon_code": "PAID_THANKS"})
+    );
+    assert_eq!(rows[0].get::<_, String>(3), "PENDING");
+    let status: String = db
+        .admin
+        .query_one(
+            &format!(
+                "SELECT status FROM {}.orders WHERE order_no = $1",
+                db.schema
+            ),
+            &[&order_no],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(status, "PAID");
+}
+
 fn metric(text: &str, outcome: &str) -> u64 {
     let prefix = format!("idempotency_requests_total{{outcome=\"{outcome}\"}} ");
     text.lines()
@@ -78,6 +144,8 @@ async fn serves_idempotent_orders_and_metrics(example: &str) {
     assert_eq!(status, 200);
     assert_eq!(fetched, first);
 
+    pays_once_and_enqueues_one_message(&db, &addr, order_no).await;
+
     // Hold the orders table so a first request waits inside its handler; a duplicate
     // then finds the key in flight.
     let blocker = connect(&database_url()).await;
@@ -115,8 +183,10 @@ async fn serves_idempotent_orders_and_metrics(example: &str) {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(metric(&text, "executed"), 3, "{text}"); // ex-1, ex-2 (stored 422), ex-3
-    assert_eq!(metric(&text, "replayed"), 1, "{text}");
+    // ex-1, ex-2 (stored 422), ex-3; pay-1, pay-2, pay-3 (stored 404)
+    assert_eq!(metric(&text, "executed"), 6, "{text}");
+    assert_eq!(metric(&text, "replayed"), 2, "{text}"); // ex-1, pay-1
+    assert_eq!(metric(&text, "missing_key"), 1, "{text}");
     assert_eq!(metric(&text, "payload_mismatch"), 1, "{text}");
     assert!(metric(&text, "in_flight") >= 1, "{text}");
     assert!(text.contains("idempotency_claim_seconds"), "{text}");

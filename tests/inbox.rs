@@ -383,7 +383,73 @@ async fn an_expired_failure_restarts_the_attempt_count<D: Driver>() {
     assert_eq!(db.orders().await, 1);
 }
 
+/// Two schedulers fire the same slot at once: the job runs once, the other learns it ran.
+/// A run that crashed mid-work rolled back, and the next firing runs it.
+async fn a_scheduled_slot_runs_once_across_schedulers_and_again_after_a_crash<D: Driver>() {
+    let db = TestDb::new(4).await;
+    let jobs = Inbox::new(D::pool(&db), "scheduler");
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    // Day 1: the first run crashes after its write; nothing of it stays.
+    let crashed = jobs
+        .run_once("settle", "2026-12-01", |mut tx| async move {
+            grant(&mut tx, 1).await?;
+            Err::<(), _>(Error::TransactionEnded)
+        })
+        .await;
+    assert!(matches!(
+        crashed,
+        Err(InboxError::Failed { attempts: 1, .. })
+    ));
+    assert_eq!(db.orders().await, 0);
+
+    // Two schedulers fire the same slot at once (after a failover, say).
+    let start = Arc::new(tokio::sync::Barrier::new(2));
+    let firings: Vec<_> = (0..2)
+        .map(|_| {
+            let (jobs, runs, start) = (jobs.clone(), Arc::clone(&runs), Arc::clone(&start));
+            tokio::spawn(async move {
+                start.wait().await;
+                jobs.run_once("settle", "2026-12-01", |mut tx| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    grant(&mut tx, 1).await
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for firing in firings {
+        outcomes.push(firing.await.unwrap());
+    }
+    outcomes.sort_by_key(|o| matches!(o, Outcome::Duplicate { .. }));
+    assert!(
+        matches!(outcomes[0], Outcome::Processed(())),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[1], Outcome::Duplicate { attempts: 2 }),
+        "{outcomes:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(db.orders().await, 1);
+
+    // Another slot of the same job is another run.
+    let next_day = jobs
+        .run_once("settle", "2026-12-02", |mut tx| async move {
+            grant(&mut tx, 2).await
+        })
+        .await
+        .unwrap();
+    assert_eq!(next_day, Outcome::Processed(()));
+    assert_eq!(db.orders().await, 2);
+}
+
 for_each_driver! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_scheduled_slot_runs_once_across_schedulers_and_again_after_a_crash;
     #[tokio::test]
     async a_message_is_processed_once_and_its_redelivery_is_a_duplicate;
     #[tokio::test]

@@ -185,6 +185,7 @@ pub(crate) fn open_payload(
 /// assert_eq!(keys.current_id(), 2);
 /// ```
 #[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 #[derive(Clone)]
 pub struct BodyKeys {
     current: u8,
@@ -198,6 +199,7 @@ pub struct BodyKeys {
 pub(crate) enum BodyKeys {}
 
 #[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 impl BodyKeys {
     /// Keys whose current key, used to seal every new value, is `key` under `id`.
     pub fn new(id: u8, key: [u8; 32]) -> Self {
@@ -306,6 +308,7 @@ fn associated_data(label: &[u8], header: &[u8], context: &[u8]) -> Vec<u8> {
 }
 
 #[cfg(feature = "encryption")]
+#[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 impl fmt::Debug for BodyKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let ids: Vec<u8> = self.keys.iter().map(|(id, _)| *id).collect();

@@ -226,6 +226,20 @@ impl fmt::Debug for RecordId {
     }
 }
 
+/// Message ids follow the rules of HTTP keys: 1–255 printable ASCII characters, no spaces.
+pub(crate) fn validate_message_id(id: &str) -> Result<(), KeyError> {
+    if id.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if id.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong { len: id.len() });
+    }
+    match id.bytes().position(|b| !(0x21..=0x7e).contains(&b)) {
+        Some(position) => Err(KeyError::InvalidCharacter { position }),
+        None => Ok(()),
+    }
+}
+
 /// A stable key for one downstream effect of the operation `id`: 32 hex characters of
 /// SHA-256 over (id, label).
 pub(crate) fn derive_key(id: RecordId, label: &str) -> String {

@@ -8,6 +8,7 @@ pub(crate) mod fingerprint;
 #[cfg(feature = "redis")]
 pub(crate) mod front;
 pub(crate) mod key;
+pub(crate) mod outbox;
 pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod shared_tx;

@@ -282,6 +282,9 @@ pub enum SweepBatch {
     PurgeRecords(RetentionParams),
     /// Expired inbox records past their state's retention.
     PurgeMessages(RetentionParams),
+    /// Settled outbox messages past their retention (`success_grace`: SENT ones after
+    /// their confirm, `failure_retention`: parked ones).
+    PurgeOutbox(RetentionParams),
     /// PROCESSING records whose lease ended more than this long ago become FAILED and
     /// retryable.
     MarkStaleFailed { after: Duration, limit: i64 },

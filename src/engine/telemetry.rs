@@ -15,6 +15,12 @@
 //! | `idempotency_stale_processing_oldest_seconds` | gauge | | how long the oldest of them is past its lease |
 //! | `idempotency_purged_total` | counter | `table` | records purged by the sweeper |
 //! | `idempotency_stale_marked_failed_total` | counter | | stale PROCESSING records the sweeper marked FAILED |
+//! | `idempotency_outbox_published_total` | counter | | outbox messages the broker confirmed |
+//! | `idempotency_outbox_publish_failures_total` | counter | `reason` (`refused`, `unavailable`) | failed publishes: the broker refused the message, or was unavailable |
+//! | `idempotency_outbox_parked_total` | counter | | outbox messages parked as FAILED after `max_attempts` refusals |
+//! | `idempotency_outbox_pending` | gauge | | outbox messages waiting to be published (set by the relay after every batch) |
+//! | `idempotency_outbox_oldest_pending_seconds` | gauge | | how long the oldest of them has waited |
+//! | `idempotency_outbox_lag_seconds` | histogram | | from the enqueueing insert to the broker's confirm |
 //! | `idempotency_redis_total` | counter | `result` | the Redis front line (feature `redis`): `hit` (a completed response answered the claim), `miss` (nothing there; PostgreSQL decides), `in_flight` (another request held the key: 409 with no PostgreSQL trip), `error` (a lookup that failed, timed out, found an unreadable value or was skipped during the back-off after a failure, or a failed write; PostgreSQL decides) |
 
 use std::time::{Duration, Instant};
@@ -30,6 +36,12 @@ pub(crate) const PURGED: &str = "idempotency_purged_total";
 pub(crate) const STALE_PROCESSING: &str = "idempotency_stale_processing";
 pub(crate) const STALE_OLDEST_SECONDS: &str = "idempotency_stale_processing_oldest_seconds";
 pub(crate) const STALE_MARKED_FAILED: &str = "idempotency_stale_marked_failed_total";
+pub(crate) const OUTBOX_PUBLISHED: &str = "idempotency_outbox_published_total";
+pub(crate) const OUTBOX_PUBLISH_FAILURES: &str = "idempotency_outbox_publish_failures_total";
+pub(crate) const OUTBOX_PARKED: &str = "idempotency_outbox_parked_total";
+pub(crate) const OUTBOX_PENDING: &str = "idempotency_outbox_pending";
+pub(crate) const OUTBOX_OLDEST_PENDING: &str = "idempotency_outbox_oldest_pending_seconds";
+pub(crate) const OUTBOX_LAG: &str = "idempotency_outbox_lag_seconds";
 #[cfg(feature = "redis")]
 pub(crate) const REDIS: &str = "idempotency_redis_total";
 
@@ -104,6 +116,24 @@ pub(crate) fn stale_processing(count: u64, oldest: Option<Duration>) {
 
 pub(crate) fn stale_marked_failed(rows: u64) {
     metrics::counter!(STALE_MARKED_FAILED).increment(rows);
+}
+
+pub(crate) fn outbox_settled(published: usize, parked: u64) {
+    metrics::counter!(OUTBOX_PUBLISHED).increment(published as u64);
+    metrics::counter!(OUTBOX_PARKED).increment(parked);
+}
+
+pub(crate) fn outbox_publish_failure(reason: &'static str) {
+    metrics::counter!(OUTBOX_PUBLISH_FAILURES, "reason" => reason).increment(1);
+}
+
+pub(crate) fn outbox_lag(seconds: f64) {
+    metrics::histogram!(OUTBOX_LAG).record(seconds);
+}
+
+pub(crate) fn outbox_pending(count: i64, oldest_seconds: Option<f64>) {
+    metrics::gauge!(OUTBOX_PENDING).set(count as f64);
+    metrics::gauge!(OUTBOX_OLDEST_PENDING).set(oldest_seconds.unwrap_or(0.0));
 }
 
 /// What the Redis front line did for a request.

@@ -171,6 +171,7 @@ impl<S: Send + Sync> FromRequestParts<S> for crate::postgres::IdempotentTx {
 }
 
 #[cfg(feature = "sqlx")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 impl<S: Send + Sync> FromRequestParts<S> for crate::sqlx::IdempotentTx {
     type Rejection = Response;
 

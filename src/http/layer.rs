@@ -346,6 +346,7 @@ impl<D: Store> IdempotencyLayer<D> {
     /// # }
     /// ```
     #[cfg(feature = "encryption")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
     #[must_use]
     pub fn encrypt_bodies(self, keys: crate::BodyKeys) -> Self {
         self.with(|c| c.body_keys = Some(keys))
@@ -400,6 +401,7 @@ impl<D: Store> IdempotencyLayer<D> {
     /// # }
     /// ```
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
     pub fn redis(self, client: redis::Client) -> Self {
         self.with(|c| {
@@ -412,6 +414,7 @@ impl<D: Store> IdempotencyLayer<D> {
     /// each service (each database) a prefix of its own when they share a Redis. Default:
     /// `axum-idempotency`.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
     pub fn redis_prefix(self, prefix: impl Into<String>) -> Self {
         let prefix = prefix.into();
@@ -421,6 +424,7 @@ impl<D: Store> IdempotencyLayer<D> {
     /// Deadline for each Redis operation, connecting included; past it the request goes on
     /// with PostgreSQL alone (see [`redis`](Self::redis)). Default: 200 milliseconds.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     #[must_use]
     pub fn redis_timeout(self, timeout: Duration) -> Self {
         self.with_redis_options(|options| options.timeout = timeout)

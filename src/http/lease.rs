@@ -3,7 +3,7 @@
 //! Atomic mode ([`IdempotentTx`](crate::IdempotentTx)) makes the record and the handler's
 //! rows commit together — but a call to a payment gateway or an email cannot be rolled
 //! back, and holding a transaction open across it is wrong. A handler that takes
-//! [`IdempotentLease`] instead follows the article's state machine:
+//! [`IdempotentLease`] instead follows the PROCESSING → SUCCESS | FAILED state machine:
 //!
 //! 1. the claim commits a `PROCESSING` record at once, with a lease (`locked_until`,
 //!    [`IdempotencyLayer::lease`](crate::IdempotencyLayer::lease)) and a fencing token;

@@ -65,6 +65,31 @@ pub enum RejectionKind {
 }
 
 impl RejectionKind {
+    /// Every kind, in declaration order: the source of the `code` values the OpenAPI
+    /// declarations list per status.
+    #[cfg_attr(not(feature = "utoipa"), allow(dead_code))]
+    pub(crate) const ALL: [Self; 19] = [
+        Self::MissingKey,
+        Self::InvalidKey,
+        Self::PayloadTooLarge,
+        Self::BodyUnreadable,
+        Self::BodyTimeout,
+        Self::KeyReused,
+        Self::InFlight,
+        Self::StoreUnavailable,
+        Self::SchemaMissing,
+        Self::CommitFailed,
+        Self::ResponseTooLarge,
+        Self::ResponseBodyFailed,
+        Self::LeaseLost,
+        Self::TransactionLeaked,
+        Self::HandlerPanicked,
+        Self::HandlerTimedOut,
+        Self::LayerMissing,
+        Self::MethodNotCovered,
+        Self::DatabaseError,
+    ];
+
     /// The status code of the default response.
     pub fn status(self) -> StatusCode {
         match self {
@@ -318,6 +343,39 @@ impl IntoResponse for crate::Error {
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    /// `ALL` names every kind once: a kind added to the enum and not to the list fails to
+    /// compile here (the match is exhaustive) or fails the count.
+    #[test]
+    fn all_lists_every_kind_once() {
+        let position = |kind: RejectionKind| match kind {
+            RejectionKind::MissingKey => 0,
+            RejectionKind::InvalidKey => 1,
+            RejectionKind::PayloadTooLarge => 2,
+            RejectionKind::BodyUnreadable => 3,
+            RejectionKind::BodyTimeout => 4,
+            RejectionKind::KeyReused => 5,
+            RejectionKind::InFlight => 6,
+            RejectionKind::StoreUnavailable => 7,
+            RejectionKind::SchemaMissing => 8,
+            RejectionKind::CommitFailed => 9,
+            RejectionKind::ResponseTooLarge => 10,
+            RejectionKind::ResponseBodyFailed => 11,
+            RejectionKind::LeaseLost => 12,
+            RejectionKind::TransactionLeaked => 13,
+            RejectionKind::HandlerPanicked => 14,
+            RejectionKind::HandlerTimedOut => 15,
+            RejectionKind::LayerMissing => 16,
+            RejectionKind::MethodNotCovered => 17,
+            RejectionKind::DatabaseError => 18,
+        };
+        for (index, kind) in RejectionKind::ALL.into_iter().enumerate() {
+            assert_eq!(position(kind), index, "{kind:?}");
+        }
+        let codes: std::collections::HashSet<_> =
+            RejectionKind::ALL.iter().map(|kind| kind.code()).collect();
+        assert_eq!(codes.len(), RejectionKind::ALL.len(), "codes are distinct");
+    }
 
     #[tokio::test]
     async fn a_handler_error_answers_by_what_a_retry_can_do() {

@@ -142,6 +142,49 @@ pub(crate) const ADMIN_FAILED_MESSAGES: Sql = Sql {
     types: &[Type::TEXT, Type::INT8],
 };
 
+pub(crate) const PURGE_OUTBOX: Sql = Sql {
+    text: sql::PURGE_OUTBOX,
+    types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
+};
+pub(crate) const OUTBOX_ENQUEUE: Sql = Sql {
+    text: sql::OUTBOX_ENQUEUE,
+    types: &[Type::TEXT, Type::TEXT, Type::TEXT, Type::TEXT, Type::BYTEA],
+};
+pub(crate) const OUTBOX_LOCK_BATCH: Sql = Sql {
+    text: sql::OUTBOX_LOCK_BATCH,
+    types: &[Type::INT8],
+};
+pub(crate) const OUTBOX_BARRIERS: Sql = Sql {
+    text: sql::OUTBOX_BARRIERS,
+    types: &[Type::TEXT_ARRAY, Type::INT8_ARRAY],
+};
+pub(crate) const OUTBOX_MARK_SENT: Sql = Sql {
+    text: sql::OUTBOX_MARK_SENT,
+    types: &[Type::INT8_ARRAY],
+};
+pub(crate) const OUTBOX_MARK_FAILED: Sql = Sql {
+    text: sql::OUTBOX_MARK_FAILED,
+    types: &[
+        Type::INT8_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::INT4,
+        Type::FLOAT8,
+        Type::FLOAT8,
+    ],
+};
+pub(crate) const OUTBOX_PENDING: Sql = Sql {
+    text: sql::OUTBOX_PENDING,
+    types: &[],
+};
+pub(crate) const ADMIN_OUTBOX: Sql = Sql {
+    text: sql::ADMIN_OUTBOX,
+    types: &[Type::TEXT, Type::INT8],
+};
+pub(crate) const ADMIN_REQUEUE_OUTBOX: Sql = Sql {
+    text: sql::ADMIN_REQUEUE_OUTBOX,
+    types: &[Type::TEXT],
+};
+
 /// Every statement above, for the check of their declared parameter types.
 #[cfg(test)]
 pub(crate) const STATEMENTS: &[&Sql] = &[
@@ -165,6 +208,15 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
     &ADMIN_STALE,
     &ADMIN_MESSAGE,
     &ADMIN_FAILED_MESSAGES,
+    &PURGE_OUTBOX,
+    &OUTBOX_ENQUEUE,
+    &OUTBOX_LOCK_BATCH,
+    &OUTBOX_BARRIERS,
+    &OUTBOX_MARK_SENT,
+    &OUTBOX_MARK_FAILED,
+    &OUTBOX_PENDING,
+    &ADMIN_OUTBOX,
+    &ADMIN_REQUEUE_OUTBOX,
 ];
 
 /// A statement ready to run on one connection: prepared and cached, or to be sent as an
@@ -336,7 +388,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 20);
+        assert_eq!(checked, 29);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await

@@ -12,6 +12,7 @@
 mod conn;
 mod db;
 mod migrate;
+mod outbox;
 mod pool;
 mod store;
 mod tx;
@@ -19,6 +20,7 @@ mod tx;
 use std::fmt;
 use std::sync::Arc;
 
+pub use self::outbox::enqueue;
 pub use self::pool::{BoxFuture, ClientPool, PoolError, PooledClient};
 pub use self::tx::{IdempotentTx, TxStatement};
 

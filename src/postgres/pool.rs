@@ -104,6 +104,7 @@ mod deadpool {
     use tokio_postgres::types::Type;
     use tokio_postgres::{Client, Statement};
 
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     impl IntoStore for Pool {
         type Store = PgStore;
 
@@ -112,6 +113,7 @@ mod deadpool {
         }
     }
 
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     impl ClientPool for Pool {
         fn get(&self) -> BoxFuture<'_, Result<Box<dyn PooledClient>, PoolError>> {
             Box::pin(async move {
@@ -121,6 +123,7 @@ mod deadpool {
         }
     }
 
+    #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     impl PooledClient for Object {
         fn client(&self) -> &Client {
             self
@@ -149,6 +152,7 @@ mod bb8 {
     use ::bb8::{ManageConnection, Pool, PooledConnection};
     use tokio_postgres::Client;
 
+    #[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
     impl<M> IntoStore for Pool<M>
     where
         M: ManageConnection<Connection = Client>,
@@ -161,6 +165,7 @@ mod bb8 {
         }
     }
 
+    #[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
     impl<M> ClientPool for Pool<M>
     where
         M: ManageConnection<Connection = Client>,
@@ -174,6 +179,7 @@ mod bb8 {
         }
     }
 
+    #[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
     impl<M> PooledClient for PooledConnection<'static, M>
     where
         M: ManageConnection<Connection = Client>,

@@ -169,6 +169,47 @@ impl IdempotentTx {
         crate::engine::key::derive_key(self.token.id(), label)
     }
 
+    /// Enqueues `message` in this transaction: it becomes visible with the handler's rows
+    /// and the idempotency record, in one COMMIT, and a relay
+    /// ([`OutboxRelay`](crate::outbox::OutboxRelay)) publishes it after that. If the
+    /// handler fails, panics, answers 5xx or a stored 4xx, or the COMMIT fails, it is never
+    /// published.
+    ///
+    /// Give the message an id derived from the operation ([`derive_key`](Self::derive_key))
+    /// so the consumer's [`Inbox`](crate::Inbox) recognises it, and a repeated enqueue is a
+    /// no-op.
+    ///
+    /// ```no_run
+    /// use axum_idempotency::outbox::OutboxMessage;
+    ///
+    /// # async fn pay(tx: axum_idempotency::IdempotentTx, order_no: String) -> Result<(), axum_idempotency::Error> {
+    /// let paid = tx
+    ///     .execute("UPDATE orders SET status = 'PAID' WHERE order_no = $1 AND status = 'NEW'", &[&order_no])
+    ///     .await?;
+    /// if paid == 1 {
+    ///     let event = serde_json::json!({ "order_no": order_no });
+    ///     tx.enqueue(&OutboxMessage::json("payment-succeeded", &event).expect("JSON").id(tx.derive_key("paid")))
+    ///         .await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn enqueue(
+        &self,
+        message: &crate::outbox::OutboxMessage,
+    ) -> Result<crate::outbox::Enqueued, Error> {
+        message.check().map_err(Error::InvalidMessage)?;
+        let slot = self.token.shared().read().await;
+        let Some(conn) = slot.as_ref() else {
+            return Err(Error::TransactionEnded);
+        };
+        let db = super::db::Db::new(conn.pooled(), conn.prepared());
+        let statement = db.prepare(&super::db::OUTBOX_ENQUEUE).await?;
+        let row = db
+            .query_opt(&statement, &super::outbox::enqueue_params(message))
+            .await?;
+        super::outbox::enqueued(message, row)
+    }
+
     /// Prepares a statement once per pooled connection and returns the cached copy after
     /// that, where the pool keeps a statement cache (deadpool); elsewhere (bb8) it prepares
     /// the statement for this transaction.

@@ -67,6 +67,37 @@ impl SqlxStore {
 
 impl crate::store::sealed::Sealed for SqlxStore {}
 
+/// Enqueues an outbox message through any sqlx executor — `&mut *tx` of a plain
+/// `sqlx::Transaction` of yours, so it commits or rolls back with it (inside an idempotent
+/// handler, use [`IdempotentTx::enqueue`] instead). Run [`migrate`](crate::migrate) first.
+///
+/// ```no_run
+/// use axum_idempotency::outbox::OutboxMessage;
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let mut tx = pool.begin().await?;
+/// sqlx::query("UPDATE orders SET status = 'PAID' WHERE order_no = $1")
+///     .bind("ORD-7")
+///     .execute(&mut *tx)
+///     .await?;
+/// axum_idempotency::sqlx::enqueue(
+///     &mut *tx,
+///     &OutboxMessage::new("payment-succeeded", r#"{"order_no":"ORD-7"}"#).id("ORD-7-paid"),
+/// )
+/// .await?;
+/// tx.commit().await?; // the UPDATE and the message, together
+/// # Ok(()) }
+/// ```
+pub async fn enqueue<'c, E>(
+    executor: E,
+    message: &crate::outbox::OutboxMessage,
+) -> Result<crate::outbox::Enqueued, crate::Error>
+where
+    E: ::sqlx::Executor<'c, Database = ::sqlx::Postgres>,
+{
+    store::enqueue(executor, message, true).await
+}
+
 impl IntoStore for PgPool {
     type Store = SqlxStore;
 

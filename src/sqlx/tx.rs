@@ -53,6 +53,31 @@ impl IdempotentTx {
     pub fn derive_key(&self, label: &str) -> String {
         crate::engine::key::derive_key(self.token.id(), label)
     }
+
+    /// Enqueues `message` in this transaction: it becomes visible with the handler's rows
+    /// and the idempotency record, in one COMMIT, or never. See
+    /// [`crate::IdempotentTx::enqueue`].
+    ///
+    /// ```no_run
+    /// use axum_idempotency::outbox::OutboxMessage;
+    ///
+    /// # async fn pay(mut tx: axum_idempotency::sqlx::IdempotentTx) -> Result<(), axum_idempotency::Error> {
+    /// let id = tx.derive_key("paid");
+    /// tx.enqueue(&OutboxMessage::new("payment-succeeded", r#"{"order_no":"ORD-7"}"#).id(id))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn enqueue(
+        &mut self,
+        message: &crate::outbox::OutboxMessage,
+    ) -> Result<crate::outbox::Enqueued, crate::Error> {
+        let conn = self
+            .guard
+            .as_mut()
+            .expect("the transaction is held by this handle");
+        let persistent = conn.persistent();
+        super::store::enqueue(conn.connection_mut(), message, persistent).await
+    }
 }
 
 impl Deref for IdempotentTx {

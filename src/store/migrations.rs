@@ -41,6 +41,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "fencing_tokens",
         sql: include_str!("../../migrations/0006_fencing_tokens.sql"),
     },
+    Migration {
+        version: 7,
+        name: "outbox",
+        sql: include_str!("../../migrations/0007_outbox.sql"),
+    },
 ];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).

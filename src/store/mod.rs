@@ -19,9 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::Error;
+use crate::admin::OutboxInfo;
 use crate::admin::{MessageInfo, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
+use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
 use crate::engine::record::{
     Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord,
     RecordRow, StaleSummary, SweepBatch,
@@ -164,6 +166,37 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
         group: &str,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<MessageInfo>, Error>> + Send;
+
+    /// Begins a transaction and locks the oldest pending outbox messages that are due, at
+    /// most `limit`, skipping those another relay holds; `None` (and the transaction
+    /// ended) when there are none.
+    #[doc(hidden)]
+    fn outbox_lock_batch(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<Option<OutboxBatch<Self::Conn>>, Error>> + Send;
+
+    /// Marks a locked batch's confirmed messages SENT and its refused ones retried or
+    /// parked, and commits; the number parked.
+    #[doc(hidden)]
+    fn outbox_settle(
+        conn: Self::Conn,
+        settlement: &Settlement<'_>,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    #[doc(hidden)]
+    fn outbox_pending(&self) -> impl Future<Output = Result<Pending, Error>> + Send;
+
+    #[doc(hidden)]
+    fn outbox_messages(
+        &self,
+        state: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send;
+
+    /// Puts a parked message back in the queue; whether one was parked under that id.
+    #[doc(hidden)]
+    fn outbox_requeue(&self, message_id: &str) -> impl Future<Output = Result<bool, Error>> + Send;
 
     /// A new handle on a transaction that holds a connection; `None` if the driver hands
     /// the connection out exclusively and another handle holds it.

@@ -24,6 +24,7 @@ macro_rules! lock_key {
 /// record read again in a statement of its own, whose READ COMMITTED snapshot is taken
 /// after the lock. `$1` record id, `$2` lock key. Columns as [`LOOKUP`], then `locked`,
 /// `found`.
+#[cfg(feature = "sqlx")]
 pub(crate) const CLAIM: &str = concat!(
     "SELECT * FROM axum_idempotency_claim_v2($1, ",
     lock_key!("$2"),
@@ -156,6 +157,70 @@ pub(crate) const MARK_STALE_FAILED: &str = "UPDATE idempotency_records \
     SELECT id FROM idempotency_records \
     WHERE state = 'PROCESSING' AND locked_until < now() - make_interval(secs => $1) \
     LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// Outbox rows past their retention, with the same parameters as [`PURGE_RECORDS`]: `$1`
+/// how long a SENT row is kept after its confirm, `$2` how long a FAILED (parked) row is
+/// kept after it was enqueued, `$3` the smaller, `$4` batch size. PENDING rows are never
+/// purged.
+pub(crate) const PURGE_OUTBOX: &str = "DELETE FROM idempotency_outbox WHERE seq IN ( \
+    SELECT seq FROM idempotency_outbox \
+    WHERE state <> 'PENDING' \
+      AND coalesce(sent_at, created_at) <= now() - make_interval(secs => $3) \
+      AND CASE state \
+          WHEN 'SENT' THEN sent_at <= now() - make_interval(secs => $1) \
+          ELSE created_at <= now() - make_interval(secs => $2) \
+          END \
+    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+
+/// Enqueues an outbox message in the caller's transaction. A message with an ordering key
+/// first takes the key's transaction-scoped lock, so producers of one key commit in the
+/// order their rows are numbered; a message id already enqueued is a no-op (no row). `$1`
+/// message id (NULL: a random UUID), `$2` topic, `$3` ordering key (or NULL), `$4` content
+/// type (or NULL), `$5` payload.
+pub(crate) const OUTBOX_ENQUEUE: &str = "INSERT INTO idempotency_outbox \
+    (message_id, topic, ordering_key, content_type, payload) \
+    SELECT coalesce($1, gen_random_uuid()::text), $2, $3, $4, $5 \
+    WHERE $3::text IS NULL OR pg_advisory_xact_lock(hashtextextended($3, 0) \
+          # ('idempotency_outbox'::regclass::oid::int8 << 32))::text = '' \
+    ON CONFLICT (message_id) DO NOTHING RETURNING message_id";
+/// The relay's batch: pending rows due for an attempt, oldest first, locked for this
+/// relay's transaction and skipped by every other relay's. `$1` batch size.
+pub(crate) const OUTBOX_LOCK_BATCH: &str = "SELECT seq, message_id, topic, ordering_key, \
+    content_type, payload, attempts, extract(epoch FROM clock_timestamp() - created_at)::float8 \
+    FROM idempotency_outbox WHERE state = 'PENDING' AND next_attempt_at <= now() \
+    ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED";
+/// For each ordering key of a batch, the first pending message of that key outside the
+/// batch (held by another relay, or waiting for its next attempt): the batch publishes that
+/// key's messages only up to it. `$1` the batch's keys, `$2` the batch's seqs.
+pub(crate) const OUTBOX_BARRIERS: &str = "SELECT ordering_key, min(seq) \
+    FROM idempotency_outbox WHERE state = 'PENDING' AND ordering_key = ANY($1) \
+    AND seq <> ALL($2) GROUP BY ordering_key";
+/// Marks confirmed messages SENT. `$1` seqs.
+pub(crate) const OUTBOX_MARK_SENT: &str = "UPDATE idempotency_outbox \
+    SET state = 'SENT', sent_at = now(), attempts = attempts + 1, last_error = NULL \
+    WHERE seq = ANY($1)";
+/// Records refused attempts: each message's next attempt waits `$4 * 2^attempts` seconds
+/// (at most `$5`), and a message that reached `$3` attempts is parked FAILED. `$1` seqs,
+/// `$2` their errors. Returns one row per parked message.
+pub(crate) const OUTBOX_MARK_FAILED: &str = "UPDATE idempotency_outbox AS o \
+    SET attempts = o.attempts + 1, last_error = f.error, \
+        state = CASE WHEN o.attempts + 1 >= $3 THEN 'FAILED' ELSE 'PENDING' END, \
+        next_attempt_at = now() + make_interval(secs => least($4 * power(2::float8, o.attempts), $5)) \
+    FROM unnest($1::int8[], $2::text[]) AS f(seq, error) \
+    WHERE o.seq = f.seq RETURNING o.state = 'FAILED'";
+/// Pending messages and the age in seconds of the oldest.
+pub(crate) const OUTBOX_PENDING: &str = "SELECT count(*), \
+    extract(epoch FROM now() - min(created_at))::float8 \
+    FROM idempotency_outbox WHERE state = 'PENDING'";
+/// Admin: messages in one state, oldest first. `$1` state, `$2` limit.
+pub(crate) const ADMIN_OUTBOX: &str = "SELECT seq, message_id, topic, ordering_key, state, \
+    attempts, last_error, octet_length(payload)::int8, extract(epoch FROM created_at)::float8, \
+    extract(epoch FROM sent_at)::float8 FROM idempotency_outbox \
+    WHERE state = $1 ORDER BY seq LIMIT $2";
+/// Admin: puts a parked message back in the queue with its attempts reset. `$1` message id.
+pub(crate) const ADMIN_REQUEUE_OUTBOX: &str = "UPDATE idempotency_outbox \
+    SET state = 'PENDING', attempts = 0, next_attempt_at = '-infinity' \
+    WHERE message_id = $1 AND state = 'FAILED'";
 
 /// A `SELECT` of every [`RecordInfo`](crate::RecordInfo) column, followed by `$clause`.
 macro_rules! select_record {

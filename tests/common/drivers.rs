@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use axum::extract::FromRequestParts;
 use axum::response::Response;
+use axum_idempotency::outbox::{Enqueued, OutboxMessage};
 use axum_idempotency::{Error, IntoStore, Store};
 
 use super::{Knobs, TestDb, database_url};
@@ -35,6 +36,11 @@ pub trait TestTx:
     fn text(&mut self, sql: &'static str) -> impl Future<Output = Result<String, Error>> + Send;
     /// [`IdempotentTx::derive_key`](axum_idempotency::IdempotentTx::derive_key).
     fn derive(&self, label: &str) -> String;
+    /// [`IdempotentTx::enqueue`](axum_idempotency::IdempotentTx::enqueue).
+    fn enqueue_message(
+        &mut self,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<Enqueued, Error>> + Send;
 }
 
 impl TestTx for axum_idempotency::IdempotentTx {
@@ -58,6 +64,10 @@ impl TestTx for axum_idempotency::IdempotentTx {
 
     fn derive(&self, label: &str) -> String {
         self.derive_key(label)
+    }
+
+    async fn enqueue_message(&mut self, message: &OutboxMessage) -> Result<Enqueued, Error> {
+        self.enqueue(message).await
     }
 }
 
@@ -83,6 +93,10 @@ impl TestTx for axum_idempotency::sqlx::IdempotentTx {
 
     fn derive(&self, label: &str) -> String {
         self.derive_key(label)
+    }
+
+    async fn enqueue_message(&mut self, message: &OutboxMessage) -> Result<Enqueued, Error> {
+        self.enqueue(message).await
     }
 }
 

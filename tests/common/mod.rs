@@ -289,7 +289,8 @@ impl Knobs {
 }
 
 /// `POST /orders` with a JSON body `{"amount": n, "status"?: code, "panic"?: true,
-/// "leak"?: true, "hang"?: true, "stall_body"?: true}`.
+/// "leak"?: true, "hang"?: true, "stall_body"?: true, "enqueue"?: topic}` (`enqueue`: an
+/// outbox message to `topic` whose id is the derived key `event`).
 async fn create_order<T: TestTx>(
     State(knobs): State<Arc<Knobs>>,
     mut tx: T,
@@ -307,6 +308,13 @@ async fn create_order<T: TestTx>(
     if body["try_commit"].as_bool() == Some(true) {
         let refused = tx.run("COMMIT").await.unwrap_err();
         *knobs.leaked_result.lock().await = Some(refused.to_string());
+    }
+    if let Some(topic) = body["enqueue"].as_str() {
+        let id = tx.derive("event");
+        let message = axum_idempotency::outbox::OutboxMessage::json(topic, &json!({ "order": id }))
+            .unwrap()
+            .id(id);
+        tx.enqueue_message(&message).await.expect("enqueue");
     }
     let lock_timeout: Option<String> = match body["show_lock_timeout"].as_bool() {
         Some(true) => Some(tx.text("SHOW lock_timeout").await.unwrap()),
@@ -469,6 +477,8 @@ pub async fn start_example(name: &str, env: &[(&str, &str)]) -> (tokio::process:
     let mut command = tokio::process::Command::new(example_binary(name));
     command
         .env("BIND_ADDR", "127.0.0.1:0")
+        // A relay only where the test asks for one (CI exports AMQP_URL).
+        .env_remove("AMQP_URL")
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true);
     for (name, value) in env {
@@ -510,6 +520,7 @@ pub async fn start_example_logged(
     let mut command = tokio::process::Command::new(example_binary(name));
     command
         .env("BIND_ADDR", "127.0.0.1:0")
+        .env_remove("AMQP_URL")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);

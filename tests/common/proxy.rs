@@ -57,6 +57,13 @@ impl Proxy {
             .unwrap()
             .next()
             .unwrap();
+        Self::to(upstream).await
+    }
+
+    /// A proxy on `127.0.0.1:0` forwarding to any TCP service at `upstream` (an HTTP
+    /// server too: a rule matching a request then cuts the connection after the server
+    /// read it, before its answer gets back).
+    pub async fn to(upstream: SocketAddr) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {

@@ -1,0 +1,76 @@
+//! The orders examples' outbox relay: started when `AMQP_URL` is set, publishing the
+//! `payment-succeeded` messages of `POST /orders/{order_no}/pay` to RabbitMQ.
+
+/// The queue paid orders are announced on: env `PAYMENTS_QUEUE`, default
+/// `payment-succeeded`.
+pub(crate) fn payments_queue() -> String {
+    std::env::var("PAYMENTS_QUEUE").unwrap_or_else(|_| "payment-succeeded".to_owned())
+}
+
+/// Starts the relay when `AMQP_URL` is set (and says so); without it, messages wait in the
+/// outbox for a relay elsewhere.
+#[cfg(feature = "rabbitmq")]
+pub(crate) async fn start<P>(
+    pool: P,
+    database_url: &str,
+    prepared: bool,
+) -> Result<Option<axum_idempotency::outbox::RelayHandle>, Box<dyn std::error::Error>>
+where
+    P: axum_idempotency::IntoStore,
+{
+    use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
+
+    let Ok(amqp_url) = std::env::var("AMQP_URL") else {
+        println!("AMQP_URL not set: paid orders' messages wait in the outbox");
+        return Ok(None);
+    };
+    let queue = payments_queue();
+    // The queue outlives both sides: a message published before the consumer starts waits
+    // in it instead of being returned as unroutable.
+    let connection =
+        lapin::Connection::connect(&amqp_url, lapin::ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    channel.close(200, "declared".into()).await?;
+    connection.close(200, "declared".into()).await?;
+    let mut relay =
+        OutboxRelay::new(pool, RabbitPublisher::new(amqp_url)).prepared_statements(prepared);
+    // Behind a transaction-pooling PgBouncer (no prepared statements) LISTEN does not
+    // work: poll alone.
+    if prepared {
+        relay = relay.listen(database_url.parse()?);
+    }
+    let relay = relay.spawn();
+    println!("outbox relay publishing paid orders to queue {queue}");
+    Ok(Some(relay))
+}
+
+#[cfg(not(feature = "rabbitmq"))]
+pub(crate) async fn start<P>(
+    _pool: P,
+    _database_url: &str,
+    _prepared: bool,
+) -> Result<Option<NoRelay>, Box<dyn std::error::Error>> {
+    if std::env::var_os("AMQP_URL").is_some() {
+        println!("built without feature `rabbitmq`: paid orders' messages wait in the outbox");
+    }
+    Ok(None)
+}
+
+/// Stands in for the relay handle in a build without RabbitMQ.
+#[cfg(not(feature = "rabbitmq"))]
+pub(crate) struct NoRelay;
+
+#[cfg(not(feature = "rabbitmq"))]
+impl NoRelay {
+    pub(crate) async fn shutdown(self) {}
+}

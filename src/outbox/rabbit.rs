@@ -1,0 +1,146 @@
+//! [`RabbitPublisher`]: the relay's publisher for RabbitMQ (feature `rabbitmq`, lapin 4).
+
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use tokio::sync::Mutex;
+
+use super::{Outgoing, PublishError, Publisher};
+
+/// Publishes outbox messages to RabbitMQ with publisher confirms, as persistent messages
+/// whose AMQP `message_id` is the outbox id and whose routing key is the message's topic.
+///
+/// It connects on first use and again after the connection or channel is lost. Messages
+/// are published `mandatory`, so one that no queue takes is returned and counts as refused
+/// instead of vanishing. With the default exchange (`""`) the topic is the queue's name.
+///
+/// | broker answer | to the relay |
+/// |---|---|
+/// | confirm (ack) | SENT |
+/// | returned (unroutable), nack, a channel error for this message (no such exchange, too large) | refused: retried, parked after `max_attempts` |
+/// | connection refused or lost, confirms not answered | unavailable: waits, no attempt counted |
+///
+/// ```no_run
+/// use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
+///
+/// # async fn run(pool: deadpool_postgres::Pool) {
+/// let relay = OutboxRelay::new(pool, RabbitPublisher::new("amqp://guest:guest@127.0.0.1:5672/%2f"))
+///     .spawn();
+/// // ... serve ...
+/// relay.shutdown().await;
+/// # }
+/// ```
+pub struct RabbitPublisher {
+    uri: String,
+    exchange: String,
+    link: Mutex<Option<(Connection, Channel)>>,
+}
+
+impl RabbitPublisher {
+    /// A publisher to the broker at `uri` (`amqp://user:password@host:port/vhost`), on the
+    /// default exchange.
+    pub fn new(uri: impl Into<String>) -> Self {
+        Self {
+            uri: uri.into(),
+            exchange: String::new(),
+            link: Mutex::new(None),
+        }
+    }
+
+    /// Publishes to `exchange` instead of the default exchange; the topic is then the
+    /// routing key that exchange routes by.
+    #[must_use]
+    pub fn exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.exchange = exchange.into();
+        self
+    }
+
+    /// The open channel, or a new connection and channel with confirms on.
+    async fn channel(&self) -> Result<Channel, PublishError> {
+        let mut link = self.link.lock().await;
+        if let Some((connection, channel)) = link.as_mut() {
+            if connection.status().connected() {
+                if channel.status().connected() {
+                    return Ok(channel.clone());
+                }
+                // The channel closed over a refused message: open another on the connection.
+                if let Ok(reopened) = open_channel(connection).await {
+                    *channel = reopened.clone();
+                    return Ok(reopened);
+                }
+            }
+        }
+        let connection = Connection::connect(&self.uri, ConnectionProperties::default())
+            .await
+            .map_err(PublishError::unavailable)?;
+        let channel = open_channel(&connection)
+            .await
+            .map_err(PublishError::unavailable)?;
+        *link = Some((connection, channel.clone()));
+        Ok(channel)
+    }
+}
+
+async fn open_channel(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// A channel-level error (the broker closed the channel over this message) is a refusal;
+/// anything else is the broker or the link being unavailable.
+fn classify(error: lapin::Error) -> PublishError {
+    if error.is_amqp_soft_error() {
+        PublishError::refused(error)
+    } else {
+        PublishError::unavailable(error)
+    }
+}
+
+impl Publisher for RabbitPublisher {
+    async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
+        let channel = self.channel().await?;
+        let mut properties = BasicProperties::default()
+            .with_message_id(message.message_id().into())
+            .with_delivery_mode(2);
+        if let Some(content_type) = message.content_type() {
+            properties = properties.with_content_type(content_type.into());
+        }
+        let confirm = channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                message.topic().into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                message.payload(),
+                properties,
+            )
+            .await
+            .map_err(classify)?;
+        match confirm.await.map_err(classify)? {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) => Err(PublishError::refused(format!(
+                "returned unroutable ({} {})",
+                returned.reply_code,
+                returned.reply_text.as_str()
+            ))),
+            Confirmation::Nack(_) => Err(PublishError::refused(
+                "the broker negatively acknowledged the message",
+            )),
+            Confirmation::NotRequested => Err(PublishError::unavailable(
+                "publisher confirms are not enabled on the channel",
+            )),
+        }
+    }
+}
+
+impl std::fmt::Debug for RabbitPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitPublisher")
+            .field("exchange", &self.exchange)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,122 @@
+//! The orders example's `GET /openapi.json` (feature `utoipa`): a valid OpenAPI 3.1
+//! document whose `POST /orders` declares the idempotency contract.
+
+#![cfg(feature = "utoipa")]
+
+mod common;
+
+use common::*;
+use oas3::spec::{ObjectOrReference, ObjectSchema, ParameterIn, Response};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_example_declares_the_idempotency_contract() {
+    declares_the_idempotency_contract("orders").await;
+}
+
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_sqlx_example_declares_the_idempotency_contract() {
+    declares_the_idempotency_contract("orders_sqlx").await;
+}
+
+/// The `code` enum of a response's problem document.
+fn problem_codes(spec: &oas3::Spec, response: &Response) -> Vec<String> {
+    let content = response
+        .content
+        .get("application/problem+json")
+        .expect("a problem document");
+    let schema = content.schema(spec).unwrap().expect("a schema");
+    let code = schema.properties["code"].resolve(spec).unwrap();
+    code.enum_values
+        .iter()
+        .map(|value| value.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn header_schema(spec: &oas3::Spec, response: &Response, name: &str) -> ObjectSchema {
+    let header = match &response.headers[name] {
+        ObjectOrReference::Object(header) => header.clone(),
+        reference => reference.resolve(spec).unwrap(),
+    };
+    header.schema.expect("a schema").resolve(spec).unwrap()
+}
+
+async fn declares_the_idempotency_contract(example: &str) {
+    let db = TestDb::bare(1).await;
+    let (_child, addr) = start_example(example, &[("DATABASE_URL", &schema_url(&db.schema))]).await;
+    let response = reqwest::get(format!("http://{addr}/openapi.json"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let text = response.text().await.unwrap();
+
+    let spec = oas3::from_json(&text).expect("a valid OpenAPI 3.1 document");
+    assert_eq!(spec.validate_version().unwrap().major, 3);
+    let post = spec
+        .operation(&http::Method::POST, "/orders")
+        .expect("POST /orders is declared");
+
+    let key = post
+        .parameter("Idempotency-Key", &spec)
+        .unwrap()
+        .expect("the Idempotency-Key parameter");
+    assert_eq!(key.location, ParameterIn::Header);
+    assert_eq!(key.required, Some(true));
+    let schema = key.schema.unwrap().resolve(&spec).unwrap();
+    assert_eq!((schema.min_length, schema.max_length), (Some(1), Some(255)));
+    let pattern = schema.pattern.expect("the key's syntax");
+    assert!(pattern.contains("!#-~"), "{pattern}");
+
+    let responses = post.responses(&spec);
+    let codes = |status: &str| problem_codes(&spec, &responses[status]);
+    assert_eq!(
+        codes("400"),
+        ["missing_key", "invalid_key", "body_unreadable"]
+    );
+    assert_eq!(codes("409"), ["in_flight", "lease_lost"]);
+    assert_eq!(
+        codes("422"),
+        ["invalid_amount", "key_reused"],
+        "the handler's own 422 keeps its code and gains the layer's"
+    );
+    assert_eq!(
+        codes("503"),
+        [
+            "database_unavailable",
+            "store_unavailable",
+            "commit_failed",
+            "handler_timed_out"
+        ]
+    );
+    for status in ["409", "503"] {
+        let retry_after = header_schema(&spec, &responses[status], "Retry-After");
+        assert!(retry_after.schema_type.is_some(), "{status}");
+    }
+
+    let replayed = header_schema(&spec, &responses["201"], "Idempotent-Replayed");
+    assert_eq!(replayed.enum_values, [serde_json::json!("true")]);
+
+    // Paying is keyed like creating.
+    let pay = spec
+        .operation(&http::Method::POST, "/orders/{order_no}/pay")
+        .expect("POST /orders/{order_no}/pay is declared");
+    let key = pay.parameter("Idempotency-Key", &spec).unwrap();
+    assert_eq!(key.and_then(|key| key.required), Some(true));
+    let responses = pay.responses(&spec);
+    assert_eq!(
+        problem_codes(&spec, &responses["409"]),
+        ["in_flight", "lease_lost"]
+    );
+    let replayed = header_schema(&spec, &responses["200"], "Idempotent-Replayed");
+    assert_eq!(replayed.enum_values, [serde_json::json!("true")]);
+
+    // The read is not keyed.
+    let get = spec
+        .operation(&http::Method::GET, "/orders/{order_no}")
+        .expect("GET /orders/{order_no} is declared");
+    assert!(
+        get.parameter("Idempotency-Key", &spec).unwrap().is_none(),
+        "GET is not keyed"
+    );
+}

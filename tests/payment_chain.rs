@@ -1,0 +1,280 @@
+//! The coupon story end to end: the orders example pays orders and announces each payment
+//! through its outbox and RabbitMQ; the coupon consumer grants one coupon per payment
+//! through its Inbox. Clients retry and pay twice, both processes are killed mid-run, and
+//! every paid order still ends with exactly one coupon.
+//!
+//! Needs RabbitMQ at `AMQP_URL`; without one it says so and passes, except under CI.
+
+#![cfg(feature = "rabbitmq")]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::RwLock;
+
+const ORDERS: i64 = 500;
+const PAID: i64 = 400;
+const CLIENTS: i64 = 8;
+
+fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// One HTTP/1.1 exchange, or the I/O error of a server that went away.
+async fn exchange(addr: &str, request: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status line"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// A client that keeps its key: retries a lost answer, a 409 and a 503 until it gets a
+/// final one.
+async fn until_final(addr: &RwLock<String>, request: &str, retries: &AtomicUsize) -> (u16, String) {
+    for _ in 0..600 {
+        let current = addr.read().await.clone();
+        match exchange(&current, request).await {
+            Ok((409 | 503, _)) | Err(_) => {
+                retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok(answer) => return answer,
+        }
+    }
+    panic!("no final answer for {request}");
+}
+
+fn create(user: i64, key: &str) -> String {
+    let body = format!(r#"{{"user_id": {user}, "amount": 100}}"#);
+    format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nconnection: close\r\nidempotency-key: {key}\r\n\
+         x-user-id: {user}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn pay(user: i64, order_no: &str, key: &str) -> String {
+    format!(
+        "POST /orders/{order_no}/pay HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+         idempotency-key: {key}\r\nx-user-id: {user}\r\ncontent-length: 0\r\n\r\n"
+    )
+}
+
+async fn start_consumer(db: &TestDb, queue: &str) -> tokio::process::Child {
+    let mut child = tokio::process::Command::new(example_binary("coupon_consumer"))
+        .env("DATABASE_URL", schema_url(&db.schema))
+        .env("AMQP_URL", amqp_url())
+        .env("QUEUE", queue)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("waiting on queue") {
+                return;
+            }
+        }
+        panic!("the coupon consumer exited before consuming");
+    })
+    .await
+    .expect("the coupon consumer did not start in 30 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+async fn sigkill(child: &mut tokio::process::Child) {
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_paid_order_gets_one_coupon_through_kills_and_duplicates() {
+    if lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+        .await
+        .is_err()
+    {
+        assert!(std::env::var_os("CI").is_none(), "no RabbitMQ at AMQP_URL");
+        eprintln!("skipped: no RabbitMQ at {}", amqp_url());
+        return;
+    }
+    let db = TestDb::bare(1).await;
+    let queue = unique_name("payment-succeeded");
+    let orders_env = [
+        ("DATABASE_URL", schema_url(&db.schema)),
+        ("AMQP_URL", amqp_url()),
+        ("PAYMENTS_QUEUE", queue.clone()),
+    ];
+    let orders_env: Vec<(&str, &str)> = orders_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (orders, addr) = start_example("orders", &orders_env).await;
+    let mut consumer = start_consumer(&db, &queue).await;
+    let addr = Arc::new(RwLock::new(addr));
+    let retries = Arc::new(AtomicUsize::new(0));
+    let duplicate_pays = Arc::new(AtomicUsize::new(0));
+    let progress = Arc::new(AtomicUsize::new(0));
+
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|client| {
+            let (addr, retries, duplicate_pays, progress) = (
+                Arc::clone(&addr),
+                Arc::clone(&retries),
+                Arc::clone(&duplicate_pays),
+                Arc::clone(&progress),
+            );
+            tokio::spawn(async move {
+                let mut paid = Vec::new();
+                for i in (client..ORDERS).step_by(CLIENTS as usize) {
+                    let user = 10_000 + i;
+                    let (status, body) =
+                        until_final(&addr, &create(user, &format!("create-{i}")), &retries).await;
+                    assert_eq!(status, 201, "{body}");
+                    let order: serde_json::Value = serde_json::from_str(&body).unwrap();
+                    let order_no = order["order_no"].as_str().unwrap().to_owned();
+                    progress.fetch_add(1, Ordering::Relaxed);
+                    if i >= PAID {
+                        continue;
+                    }
+                    // Each pay twice with its key (a retry after a lost answer), every third
+                    // also under a second key (a second click).
+                    let mut keys = vec![format!("pay-{i}"), format!("pay-{i}")];
+                    if i % 3 == 0 {
+                        keys.push(format!("pay-again-{i}"));
+                    }
+                    duplicate_pays.fetch_add(keys.len() - 1, Ordering::Relaxed);
+                    for key in keys {
+                        let (status, body) =
+                            until_final(&addr, &pay(user, &order_no, &key), &retries).await;
+                        assert_eq!(status, 200, "{body}");
+                        assert!(body.contains("\"PAID\""), "{body}");
+                    }
+                    paid.push(user);
+                }
+                paid
+            })
+        })
+        .collect();
+
+    // Faults while the clients run: the orders process is SIGKILLed at a third and at two
+    // thirds of the orders and restarted, the consumer once in between (deliveries it had
+    // not acknowledged come again).
+    let mut orders = orders;
+    for (round, at) in [ORDERS / 3, 2 * ORDERS / 3].into_iter().enumerate() {
+        while (progress.load(Ordering::Relaxed) as i64) < at {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        sigkill(&mut orders).await;
+        if round == 0 {
+            sigkill(&mut consumer).await;
+        }
+        let (restarted, new_addr) = start_example("orders", &orders_env).await;
+        orders = restarted;
+        *addr.write().await = new_addr;
+        if round == 0 {
+            consumer = start_consumer(&db, &queue).await;
+        }
+    }
+
+    let mut paid_users = Vec::new();
+    let mut unfinished = 0;
+    for client in clients {
+        // The kills must land while the clients still run.
+        unfinished += usize::from(!client.is_finished());
+        paid_users.extend(client.await.unwrap());
+    }
+    assert!(unfinished > 0, "the clients finished before the last kill");
+    assert_eq!(paid_users.len() as i64, PAID);
+
+    let count_coupons = format!("SELECT count(*) FROM {}.coupon_account", db.schema);
+    let coupons = async || -> i64 {
+        db.admin
+            .query_one(&count_coupons, &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let mut last = 0;
+    for _ in 0..600 {
+        last = coupons().await;
+        if last >= PAID {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last, PAID, "every paid order's coupon arrived");
+    // Let any straggler (a message published twice) arrive, then check again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let per_user = db
+        .admin
+        .query(
+            &format!(
+                "SELECT o.user_id, o.status, count(c.id) FROM {s}.orders o \
+                 LEFT JOIN {s}.coupon_account c ON c.user_id = o.user_id \
+                 GROUP BY o.user_id, o.status",
+                s = db.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(per_user.len() as i64, ORDERS, "one order per user");
+    for row in &per_user {
+        let (user, status, coupons): (i64, String, i64) = (row.get(0), row.get(1), row.get(2));
+        let expected = if paid_users.contains(&user) { 1 } else { 0 };
+        assert_eq!(
+            (status.as_str(), coupons),
+            (if expected == 1 { "PAID" } else { "NEW" }, expected),
+            "user {user}"
+        );
+    }
+    let unsent = format!(
+        "SELECT count(*) FROM {}.idempotency_outbox WHERE state <> 'SENT'",
+        db.schema
+    );
+    let mut pending: i64 = -1;
+    for _ in 0..100 {
+        pending = db.admin.query_one(&unsent, &[]).await.unwrap().get(0);
+        if pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(pending, 0, "the outbox ends with every message sent");
+    eprintln!(
+        "payment chain: {ORDERS} orders, {PAID} paid, {} duplicate pays, {} client retries, \
+         orders killed twice, consumer once, {} coupons",
+        duplicate_pays.load(Ordering::Relaxed),
+        retries.load(Ordering::Relaxed),
+        coupons().await
+    );
+
+    drop(orders);
+    drop(consumer);
+    let connection =
+        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+            .await
+            .unwrap();
+    connection
+        .create_channel()
+        .await
+        .unwrap()
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}
