@@ -7,7 +7,7 @@
 //! | [`lease`] | lease mode ([`IdempotentLease`](crate::IdempotentLease)) for side effects outside the database: the state machine, fencing tokens, recording the handler's result in the database |
 //! | [`inbox`] | the [`Inbox`](crate::Inbox) for message consumers: duplicates, failures, dead-lettering |
 //! | [`outbox`] | the transactional outbox: enqueueing in the handler's transaction, the relay, RabbitMQ, ordering, what is guaranteed, scheduled jobs |
-//! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, PgBouncer, scaling |
+//! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling |
 //! | [`security`] | scopes, what is stored and what is not, encryption at rest, TLS to PostgreSQL |
 
 #[doc = include_str!("../docs/atomic.md")]

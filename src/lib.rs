@@ -19,6 +19,10 @@
 //! the SQL files every driver's `migrate` runs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "__fuzz")]
+#[doc(hidden)]
+#[path = "fuzz.rs"]
+pub mod __fuzz;
 mod admin;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]

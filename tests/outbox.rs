@@ -767,3 +767,159 @@ async fn a_listening_relay_wakes_on_commit_and_a_polling_one_still_delivers() {
     polling.shutdown().await;
     queue.delete().await;
 }
+
+/// A nack (a full queue that rejects publishes) and a channel the broker closes over a
+/// message (no such exchange) are refusals: counted, parked after their attempts, and the
+/// same publisher goes on on a new channel. An unreachable broker is counted apart, and
+/// the pending gauges say what waits. A local recorder sees only this thread, so the test
+/// drives its own single-threaded runtime.
+#[test]
+fn nacked_and_channel_closing_messages_are_parked_and_the_metrics_say_so() {
+    use common::recorder::{Capture, Recorder};
+
+    let capture = Arc::new(Capture::default());
+    let recorder = Recorder(Arc::clone(&capture));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let ran = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let Some(queue) = Queue::new().await else {
+                return false;
+            };
+            let db = TestDb::new(4).await;
+            let channel = queue.connection.create_channel().await.unwrap();
+            let full = unique_name("full");
+            let mut arguments = FieldTable::default();
+            arguments.insert("x-max-length".into(), lapin::types::AMQPValue::LongInt(0));
+            arguments.insert(
+                "x-overflow".into(),
+                lapin::types::AMQPValue::LongString("reject-publish".into()),
+            );
+            channel
+                .queue_declare(
+                    full.as_str().into(),
+                    QueueDeclareOptions::default(),
+                    arguments,
+                )
+                .await
+                .unwrap();
+            let enqueue = async |id: &str, topic: &str| {
+                axum_idempotency::postgres::enqueue(
+                    &**db.pool.get().await.unwrap(),
+                    &OutboxMessage::new(topic, "x").id(id),
+                )
+                .await
+                .unwrap();
+            };
+
+            // A nack: parked after its one attempt; the other message goes out.
+            enqueue("to-queue", &queue.name).await;
+            enqueue("to-full-queue", &full).await;
+            let relay =
+                OutboxRelay::new(db.pool.clone(), RabbitPublisher::new(amqp_url())).max_attempts(1);
+            let report = relay.run_once().await.unwrap();
+            assert_eq!((report.published, report.refused, report.parked), (1, 1, 1));
+
+            // No such exchange: the broker closes the channel over the message.
+            let exchange = unique_name("exchange");
+            let relay = OutboxRelay::new(
+                db.pool.clone(),
+                RabbitPublisher::new(amqp_url()).exchange(exchange.as_str()),
+            )
+            .max_attempts(1);
+            enqueue("no-exchange", &queue.name).await;
+            let report = relay.run_once().await.unwrap();
+            assert_eq!((report.refused, report.parked), (1, 1));
+            let admin = Admin::new(db.pool.clone());
+            let parked = admin
+                .outbox_messages(OutboxState::Failed, 10)
+                .await
+                .unwrap();
+            let errors: Vec<_> = parked
+                .iter()
+                .map(|m| (m.message_id.as_str(), m.last_error.clone().unwrap()))
+                .collect();
+            assert_eq!(errors.len(), 2, "{errors:?}");
+            assert!(
+                errors[0].1.contains("negatively acknowledged"),
+                "{errors:?}"
+            );
+            assert!(
+                errors[1].1.contains("NOT_FOUND") || errors[1].1.contains("404"),
+                "{errors:?}"
+            );
+
+            // The exchange appears; the same publisher recovers on a new channel.
+            channel
+                .exchange_declare(
+                    exchange.as_str().into(),
+                    lapin::ExchangeKind::Direct,
+                    Default::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            channel
+                .queue_bind(
+                    queue.name.as_str().into(),
+                    exchange.as_str().into(),
+                    queue.name.as_str().into(),
+                    Default::default(),
+                    FieldTable::default(),
+                )
+                .await
+                .unwrap();
+            assert!(admin.requeue_outbox("no-exchange").await.unwrap());
+            assert_eq!(relay.run_once().await.unwrap().published, 1);
+            assert_eq!(queue.take(2).await.len(), 2);
+
+            // The broker unreachable: counted apart, and the gauges show the backlog.
+            enqueue("waiting", &queue.name).await;
+            let down = OutboxRelay::new(
+                db.pool.clone(),
+                RabbitPublisher::new("amqp://guest:guest@127.0.0.1:1/%2f"),
+            );
+            assert!(down.run_once().await.unwrap().unavailable);
+
+            channel
+                .exchange_delete(exchange.as_str().into(), Default::default())
+                .await
+                .unwrap();
+            channel
+                .queue_delete(full.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap();
+            queue.delete().await;
+            true
+        })
+    });
+    if !ran {
+        return;
+    }
+    let values = capture.values();
+    let value = |key: &str| values.get(key).copied().unwrap_or(0.0);
+    assert_eq!(
+        value("idempotency_outbox_published_total{}"),
+        2.0,
+        "{values:?}"
+    );
+    assert_eq!(
+        value("idempotency_outbox_publish_failures_total{reason=refused}"),
+        2.0,
+        "{values:?}"
+    );
+    assert_eq!(
+        value("idempotency_outbox_parked_total{}"),
+        2.0,
+        "{values:?}"
+    );
+    assert_eq!(
+        value("idempotency_outbox_publish_failures_total{reason=unavailable}"),
+        1.0,
+        "{values:?}"
+    );
+    assert_eq!(value("idempotency_outbox_pending{}"), 1.0, "{values:?}");
+    assert!(values.contains_key("idempotency_outbox_oldest_pending_seconds{}"));
+}

@@ -601,3 +601,113 @@ async fn prepared_statements_fail_behind_pgbouncer_in_transaction_mode() {
         "expected the inbox's prepared statements to break"
     );
 }
+
+/// The outbox behind PgBouncer: no LISTEN (transaction pooling loses it), no prepared
+/// statements (PgBouncer 1.18). Producers enqueue through PgBouncer, a polling relay
+/// publishes every message once, in order per key, and marks each SENT.
+#[cfg(feature = "rabbitmq")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_outbox_relay_polls_behind_pgbouncer_without_prepared_statements() {
+    use axum_idempotency::outbox::{OutboxMessage, OutboxRelay, RabbitPublisher};
+    use futures_util::StreamExt;
+
+    let Some(binary) = pgbouncer_binary() else {
+        return;
+    };
+    let amqp_url = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let broker =
+        match lapin::Connection::connect(&amqp_url, lapin::ConnectionProperties::default()).await {
+            Ok(broker) => broker,
+            Err(e) if std::env::var_os("CI").is_none() => {
+                eprintln!("SKIPPED: no RabbitMQ at {amqp_url} ({e})");
+                return;
+            }
+            Err(e) => panic!("connect to RabbitMQ at AMQP_URL: {e}"),
+        };
+    let bouncer = Bouncer::start(&binary).await;
+    let pool = bouncer.pool(4 * SERVER_POOL_SIZE);
+    create_tables(&pool).await;
+    let direct = bouncer.direct().await;
+    let queue = unique_name("outbox_bouncer");
+    let channel = broker.create_channel().await.unwrap();
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            lapin::options::QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+
+    let relay = OutboxRelay::new(pool.clone(), RabbitPublisher::new(amqp_url))
+        .prepared_statements(false)
+        .batch_size(10)
+        .poll_interval(Duration::from_millis(50))
+        .spawn();
+    let producers: Vec<_> = (0..8)
+        .map(|producer| {
+            let (pool, queue) = (pool.clone(), queue.clone());
+            tokio::spawn(async move {
+                for i in 0..10 {
+                    let mut client = pool.get().await.unwrap();
+                    let tx = client.transaction().await.unwrap();
+                    let message = OutboxMessage::new(queue.as_str(), format!("{producer}-{i}"))
+                        .id(format!("m-{producer}-{i}"))
+                        .ordering_key(format!("producer-{producer}"));
+                    axum_idempotency::postgres::enqueue(&*tx, &message)
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for producer in producers {
+        producer.await.unwrap();
+    }
+
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "bouncer-test".into(),
+            lapin::options::BasicConsumeOptions {
+                no_ack: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut last_of_producer = std::collections::HashMap::new();
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < 80 {
+        let delivery = tokio::time::timeout(Duration::from_secs(20), consumer.next())
+            .await
+            .expect("the polling relay delivers")
+            .unwrap()
+            .unwrap();
+        let body = String::from_utf8(delivery.data).unwrap();
+        let (producer, i) = body.split_once('-').unwrap();
+        let i: i32 = i.parse().unwrap();
+        let last = last_of_producer.insert(producer.to_owned(), i);
+        assert!(last.is_none_or(|last| last < i), "{body} after {last:?}");
+        assert!(seen.insert(body.clone()), "{body} twice");
+    }
+    relay.shutdown().await;
+    assert_eq!(
+        count(
+            &direct,
+            "SELECT count(*) FROM idempotency_outbox WHERE state = 'SENT'"
+        )
+        .await,
+        80
+    );
+    channel
+        .queue_delete(queue.as_str().into(), Default::default())
+        .await
+        .unwrap();
+}

@@ -906,3 +906,113 @@ async fn an_unreachable_redis_changes_nothing_but_speed() {
     );
     db.assert_settles().await;
 }
+
+/// An instance with the hot-key limit counted in the shared Redis.
+fn limited_instance(
+    db: &TestDb,
+    knobs: &Arc<Knobs>,
+    client: &redis::Client,
+    prefix: &str,
+    per_second: u32,
+) -> Router {
+    let layer = scoped(IdempotencyLayer::new(db.pool.clone()))
+        .ttl(TTL)
+        .redis(client.clone())
+        .redis_prefix(prefix)
+        .key_attempt_limit_shared(per_second);
+    router(Arc::clone(knobs), layer)
+}
+
+/// `key_attempt_limit_shared`: attempts that would reach PostgreSQL are counted in Redis,
+/// across instances — a handler that answers 503 stores nothing, so every attempt would
+/// run it again; past the limit the answer is 429 whichever instance it lands on, and a
+/// refused attempt leaves no lock. Replays from Redis are not counted.
+#[tokio::test]
+async fn the_shared_attempt_limit_counts_across_instances() {
+    const TEST: &str = "the_shared_attempt_limit_counts_across_instances";
+    let Some((client, mut conn)) = shared_redis(TEST).await else {
+        return;
+    };
+    let db = TestDb::new(4).await;
+    let knobs = Arc::new(Knobs::default());
+    let prefix = fresh_prefix();
+    let a = limited_instance(&db, &knobs, &client, &prefix, 3);
+    let b = limited_instance(&db, &knobs, &client, &prefix, 3);
+
+    let failing = json!({"amount": 1, "status": 503});
+    let started = Instant::now();
+    let mut statuses = Vec::new();
+    for n in 0..8 {
+        let app = if n % 2 == 0 { &a } else { &b };
+        let answer = send(app, as_user("u", "shared-hot", &failing)).await;
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            assert_eq!(answer.headers["retry-after"], "1");
+            assert_eq!(answer.problem_code(), "too_many_attempts");
+        } else {
+            assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        }
+        statuses.push(answer.status.as_u16());
+    }
+    let elapsed = started.elapsed();
+    let ran = statuses.iter().filter(|status| **status == 503).count();
+    assert_eq!(knobs.calls(), ran);
+    if elapsed < Duration::from_secs(1) {
+        assert_eq!(statuses, [503, 503, 503, 429, 429, 429, 429, 429]);
+        let hits = format!("{prefix}:hits:{}", record_hex("u", "shared-hot"));
+        let pttl: i64 = conn.pttl(&hits).await.unwrap();
+        assert!(
+            pttl > 0 && pttl <= 1000,
+            "the counter expires within a second: {pttl}"
+        );
+    } else {
+        eprintln!("{TEST}: slow machine ({elapsed:?}): exact counts not checked");
+        assert!(ran <= 3 * (elapsed.as_secs() as usize + 1), "{statuses:?}");
+    }
+    assert!(locks_left(&mut conn, &prefix).await.is_empty());
+
+    // A completed key is replayed from Redis: not counted, not limited.
+    let ok = json!({"amount": 2});
+    let first = send(&a, as_user("u", "shared-done", &ok)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    for n in 0..10 {
+        let app = if n % 2 == 0 { &a } else { &b };
+        let replay = send(app, as_user("u", "shared-done", &ok)).await;
+        assert_eq!(replay.status, StatusCode::CREATED);
+        assert!(replay.replayed());
+    }
+    db.assert_settles().await;
+    forget(&mut conn, &prefix).await;
+}
+
+/// Without a Redis that answers, the shared limit fails open to each instance's own count:
+/// never an error answer, still at most the limit per second through this instance.
+#[tokio::test]
+async fn an_unreachable_redis_leaves_the_attempt_limit_in_process() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+    let db = TestDb::new(2).await;
+    let knobs = Arc::new(Knobs::default());
+    let started = Instant::now();
+    let app = limited_instance(&db, &knobs, &client, &fresh_prefix(), 2);
+    let body = json!({"amount": 4});
+    let mut statuses = Vec::new();
+    for _ in 0..6 {
+        let answer = send(&app, as_user("u", "local-hot", &body)).await;
+        statuses.push(answer.status.as_u16());
+    }
+    let elapsed = started.elapsed();
+    assert!(
+        statuses.iter().all(|status| matches!(status, 201 | 429)),
+        "{statuses:?}"
+    );
+    assert_eq!(knobs.calls(), 1);
+    if elapsed < Duration::from_secs(1) {
+        assert_eq!(statuses, [201, 201, 429, 429, 429, 429]);
+    } else {
+        eprintln!("slow machine ({elapsed:?}): exact counts not checked");
+    }
+    db.assert_settles().await;
+}

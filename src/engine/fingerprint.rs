@@ -65,11 +65,15 @@ impl Fingerprinter {
         Fingerprint(hasher.finalize().into())
     }
 
-    fn canonical_json(&self, parts: &Parts, body: &[u8]) -> Option<Vec<u8>> {
+    /// The canonical form of a JSON body (`None`: not JSON, invalid, or too deep: hashed
+    /// byte for byte).
+    pub(crate) fn canonical_json(&self, parts: &Parts, body: &[u8]) -> Option<Vec<u8>> {
         if !is_json(parts) {
             return None;
         }
         // serde_json refuses nesting past 128 levels, so parsing cannot overflow the stack.
+        // Floats are parsed correctly rounded (serde_json's `float_roundtrip`), so every
+        // spelling of one number, and its own re-serialisation, is the same value.
         let mut value: Value = serde_json::from_slice(body).ok()?;
         if depth_exceeds(&value, self.max_json_depth) {
             return None;
@@ -305,6 +309,56 @@ mod tests {
         assert_eq!(
             fp.compute(&p, very_deep.as_bytes()),
             fp.compute(&p, very_deep.as_bytes())
+        );
+    }
+
+    #[test]
+    fn floats_are_canonical_whatever_their_spelling() {
+        // serde_json's default best-effort parse put `4567e24` one ULP away from `4.567e27`,
+        // and the re-serialisation of that (`4.5669999999999997e27`) was yet another
+        // fingerprint; with `float_roundtrip` every spelling is the same value.
+        assert_eq!(json("[4567e24]"), json("[4.567e27]"));
+        assert_eq!(json("[4567e24]"), json("[4.567E+27]"));
+        assert_eq!(
+            json("[-92233720345678754e-8]"),
+            json("[-922337203.45678754]")
+        );
+        assert_eq!(json("[0.1, 1e-1, 10e-2]"), json("[0.1,0.1,0.1]"));
+        assert_eq!(
+            json("[18446744073709551616]"),
+            json("[1.8446744073709552e19]")
+        );
+        assert_ne!(json("[4567e24]"), json("[4.5669999999999997e27]"));
+        assert_ne!(json("[1]"), json("[1.0]"));
+        assert_eq!(json("[-0]"), json("[-0.0]"));
+        // Strings that look like numbers do not shift the literals.
+        assert_eq!(
+            json(r#"{"a":"1e5 \" 2","b":[3, 1.5e300]}"#),
+            json(r#"{"b":[3,15e299],"a":"1e5 \" 2"}"#)
+        );
+    }
+
+    #[test]
+    fn every_float_is_a_fixed_point_of_canonicalisation() {
+        let fp = Fingerprinter::default();
+        let p = parts("POST", "/orders", Some("application/json"));
+        for literal in [
+            "4567e24",
+            "92233720345678754e24",
+            "5e-324",
+            "2.2250738585072014e-308",
+        ] {
+            let body = format!("[{literal}]");
+            let canonical = fp.canonical_json(&p, body.as_bytes()).unwrap();
+            assert_eq!(
+                fp.canonical_json(&p, &canonical).unwrap(),
+                canonical,
+                "{literal}"
+            );
+        }
+        assert_eq!(
+            fp.canonical_json(&p, b"[4567e24]").unwrap(),
+            b"[4.567e+27]".to_vec()
         );
     }
 

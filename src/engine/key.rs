@@ -194,8 +194,9 @@ impl RecordId {
         Self(id)
     }
 
-    /// All 16 bytes as 32 hex digits, for keys kept outside PostgreSQL.
-    #[cfg(feature = "redis")]
+    /// All 16 bytes as 32 hex digits, for keys kept outside PostgreSQL and for the
+    /// associated data of sealed bodies (so `encryption` needs it without `redis`).
+    #[cfg(any(feature = "redis", feature = "encryption"))]
     pub(crate) fn to_hex(self) -> String {
         hex(&self.0)
     }

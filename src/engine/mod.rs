@@ -1,6 +1,6 @@
 //! The driver-neutral engine: keys and scopes, fingerprints, the store policy, the claim's
 //! outcomes and the completion rules, the stored-response codec, encryption at rest, the
-//! caches and front lines in front of the database, and the metrics.
+//! caches, front lines and the hot-key limiter in front of the database, and the metrics.
 
 pub(crate) mod cache;
 pub(crate) mod crypto;
@@ -8,6 +8,7 @@ pub(crate) mod fingerprint;
 #[cfg(feature = "redis")]
 pub(crate) mod front;
 pub(crate) mod key;
+pub(crate) mod limit;
 pub(crate) mod outbox;
 pub(crate) mod policy;
 pub(crate) mod record;

@@ -326,7 +326,8 @@ pub(crate) fn encode_headers<'a>(
     out
 }
 
-/// Decodes [`encode_headers`]' format; a damaged entry ends the list.
+/// Decodes [`encode_headers`]' format; a damaged entry ends the list, and so does an entry
+/// past what a `HeaderMap` can hold (only a hand-edited row has that many names).
 pub(crate) fn decode_headers(mut bytes: &[u8]) -> HeaderMap {
     fn take<'a>(bytes: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
         if bytes.len() < n {
@@ -345,11 +346,10 @@ pub(crate) fn decode_headers(mut bytes: &[u8]) -> HeaderMap {
             let value = HeaderValue::from_bytes(take(&mut bytes, value_len as usize)?).ok()?;
             Some((name, value))
         })();
-        match entry {
-            Some((name, value)) => {
-                headers.append(name, value);
-            }
-            None => break,
+        // `append` panics once the map is full (2^15 slots, about 24,000 distinct names).
+        match entry.map(|(name, value)| headers.try_append(name, value)) {
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => break,
         }
     }
     headers
@@ -384,6 +384,25 @@ mod tests {
             let _ = decode_headers(&encoded[..cut]);
         }
         assert_eq!(decode_headers(&[0xff; 7]).len(), 0);
+    }
+
+    #[test]
+    fn too_many_header_names_end_the_list_instead_of_panicking() {
+        // More distinct names than a HeaderMap can hold: only a hand-edited row has them.
+        let mut encoded = Vec::new();
+        for i in 0..40_000u32 {
+            let name = format!("x{i}");
+            encoded.extend_from_slice(&u16::try_from(name.len()).unwrap().to_be_bytes());
+            encoded.extend_from_slice(name.as_bytes());
+            encoded.extend_from_slice(&1u32.to_be_bytes());
+            encoded.push(b'v');
+        }
+        let decoded = decode_headers(&encoded);
+        assert!(decoded.keys_len() > 20_000, "{}", decoded.keys_len());
+        assert!(decoded.keys_len() < 40_000, "{}", decoded.keys_len());
+        assert_eq!(decoded.get("x0"), Some(&HeaderValue::from_static("v")));
+        // What was kept re-encodes and decodes to itself.
+        assert_eq!(decode_headers(&encode_headers(decoded.iter())), decoded);
     }
 
     fn row(state: &str, fingerprint: [u8; 32]) -> RecordRow {

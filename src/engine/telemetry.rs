@@ -4,7 +4,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `idempotency_requests_total` | counter | `outcome` | keyed HTTP requests by outcome: `executed`, `replayed`, `in_flight`, `payload_mismatch`, `missing_key`, `invalid_key`, `rolled_back`, `store_error`, `lease_lost`, `body_rejected` |
+//! | `idempotency_requests_total` | counter | `outcome` | keyed HTTP requests by outcome: `executed`, `replayed`, `in_flight`, `payload_mismatch`, `missing_key`, `invalid_key`, `rolled_back`, `store_error`, `lease_lost`, `body_rejected`, `too_many_attempts` (refused by the hot-key limiter before PostgreSQL) |
 //! | `idempotency_inbox_messages_total` | counter | `outcome` | messages by outcome: `processed`, `duplicate`, `failed`, `gave_up`, `busy` |
 //! | `idempotency_retry_success_total` | counter | `kind` (`inbox`, `lease`) | work that succeeded after an earlier failed attempt |
 //! | `idempotency_unique_conflicts_total` | counter | | concurrent inserts caught by the primary-key backstop |
@@ -21,7 +21,7 @@
 //! | `idempotency_outbox_pending` | gauge | | outbox messages waiting to be published (set by the relay after every batch) |
 //! | `idempotency_outbox_oldest_pending_seconds` | gauge | | how long the oldest of them has waited |
 //! | `idempotency_outbox_lag_seconds` | histogram | | from the enqueueing insert to the broker's confirm |
-//! | `idempotency_redis_total` | counter | `result` | the Redis front line (feature `redis`): `hit` (a completed response answered the claim), `miss` (nothing there; PostgreSQL decides), `in_flight` (another request held the key: 409 with no PostgreSQL trip), `error` (a lookup that failed, timed out, found an unreadable value or was skipped during the back-off after a failure, or a failed write; PostgreSQL decides) |
+//! | `idempotency_redis_total` | counter | `result` | the Redis front line (feature `redis`): `hit` (a completed response answered the claim), `miss` (nothing there; PostgreSQL decides), `in_flight` (another request held the key: 409 with no PostgreSQL trip), `limited` (the shared hot-key limiter refused the attempt: 429 with no PostgreSQL trip), `error` (a lookup that failed, timed out, found an unreadable value or was skipped during the back-off after a failure, or a failed write; PostgreSQL decides) |
 
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,7 @@ pub(crate) enum RequestOutcome {
     StoreError,
     LeaseLost,
     BodyRejected,
+    TooManyAttempts,
 }
 
 impl RequestOutcome {
@@ -73,6 +74,7 @@ impl RequestOutcome {
             Self::StoreError => "store_error",
             Self::LeaseLost => "lease_lost",
             Self::BodyRejected => "body_rejected",
+            Self::TooManyAttempts => "too_many_attempts",
         }
     }
 }
@@ -143,6 +145,7 @@ pub(crate) enum RedisOutcome {
     Hit,
     Miss,
     InFlight,
+    Limited,
     Error,
 }
 
@@ -152,6 +155,7 @@ pub(crate) fn redis(outcome: RedisOutcome) {
         RedisOutcome::Hit => "hit",
         RedisOutcome::Miss => "miss",
         RedisOutcome::InFlight => "in_flight",
+        RedisOutcome::Limited => "limited",
         RedisOutcome::Error => "error",
     };
     metrics::counter!(REDIS, "result" => result).increment(1);

@@ -15,6 +15,7 @@ use crate::engine::crypto::BodyKeys;
 use crate::engine::fingerprint::Fingerprinter;
 #[cfg(feature = "redis")]
 use crate::engine::front::redis::{RedisFront, RedisOptions};
+use crate::engine::limit::AttemptLimiter;
 use crate::http::rejection::RejectionHandler;
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -39,6 +40,11 @@ pub(crate) struct Config<D> {
     pub(crate) store_raw_key: bool,
     pub(crate) lease: Duration,
     pub(crate) cache: Option<Arc<ResponseCache>>,
+    /// The hot-key limiter: attempts per key and second that may reach the database.
+    pub(crate) attempt_limit: Option<Arc<AttemptLimiter>>,
+    /// The limiter counts in Redis, shared by every instance, while Redis answers.
+    #[cfg(feature = "redis")]
+    pub(crate) attempt_limit_shared: bool,
     /// Encryption at rest of stored bodies (always `None` without feature `encryption`).
     pub(crate) body_keys: Option<BodyKeys>,
     #[cfg(feature = "redis")]
@@ -69,6 +75,9 @@ impl<D> Config<D> {
             store_raw_key: false,
             lease: Duration::from_secs(30),
             cache: None,
+            attempt_limit: None,
+            #[cfg(feature = "redis")]
+            attempt_limit_shared: false,
             body_keys: None,
             #[cfg(feature = "redis")]
             redis: None,
@@ -107,9 +116,11 @@ impl<D: fmt::Debug> fmt::Debug for Config<D> {
             .field("store_raw_key", &self.store_raw_key)
             .field("lease", &self.lease)
             .field("cache", &self.cache)
+            .field("attempt_limit", &self.attempt_limit)
             .field("body_keys", &self.body_keys);
         #[cfg(feature = "redis")]
-        f.field("redis", &self.redis);
+        f.field("redis", &self.redis)
+            .field("attempt_limit_shared", &self.attempt_limit_shared);
         f.finish_non_exhaustive()
     }
 }

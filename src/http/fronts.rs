@@ -1,6 +1,6 @@
 //! The answers found before PostgreSQL is asked: the in-process cache of completed
-//! responses and the Redis front line (feature `redis`), and what a completed request
-//! leaves there for its retries.
+//! responses, the Redis front line (feature `redis`) and the hot-key limiter, and what a
+//! completed request leaves there for its retries.
 
 #[cfg(feature = "redis")]
 use std::sync::atomic::Ordering;
@@ -47,15 +47,26 @@ impl<D: Store> RequestState<D> {
         replay(status, headers, body)
     }
 
-    /// The Redis front line's answer, if it has one: a completed response, or 409 while
-    /// another request holds the key. With `lock`, a request that goes on to PostgreSQL
-    /// holds the in-flight lock for that long (plus a margin) or until it ends.
+    /// The answer of the front lines between the in-process cache and PostgreSQL, if they
+    /// have one: the Redis front line's (a completed response, or 409 while another request
+    /// holds the key), then the hot-key limiter's (429 past the key's attempts for this
+    /// second). With `lock`, a request that goes on to PostgreSQL holds the Redis in-flight
+    /// lock for that long (plus a margin) or until it ends; an answer given here leaves the
+    /// lock to the caller's release.
     #[cfg(feature = "redis")]
-    pub(crate) async fn answer_from_redis(&self, lock: Option<Duration>) -> Option<Response> {
+    pub(crate) async fn answer_before_store(&self, lock: Option<Duration>) -> Option<Response> {
         use crate::engine::front::redis::{LOCK_MARGIN, Lookup};
-        let front = self.config.redis.as_ref()?;
+        let Some(front) = self.config.redis.as_ref() else {
+            return self.answer_from_limiter();
+        };
+        let shared_limit = self
+            .config
+            .attempt_limit
+            .as_ref()
+            .filter(|_| self.config.attempt_limit_shared)
+            .map(|limiter| limiter.limit());
         match front
-            .lookup(self.id, lock.map(|lock| lock + LOCK_MARGIN))
+            .lookup(self.id, lock.map(|lock| lock + LOCK_MARGIN), shared_limit)
             .await
         {
             Lookup::Hit(found) => {
@@ -75,17 +86,49 @@ impl<D: Store> RequestState<D> {
                 telemetry::request(RequestOutcome::InFlight);
                 Some(self.reject(self.in_flight(self.config.retry_after)))
             }
+            Lookup::Limited => Some(self.too_many_attempts(shared_limit.unwrap_or(1))),
             Lookup::Miss { locked } => {
                 self.redis_lock.store(locked, Ordering::Release);
-                None
+                // Counted in Redis already when the limit is shared.
+                if shared_limit.is_some() {
+                    None
+                } else {
+                    self.answer_from_limiter()
+                }
             }
-            Lookup::Unavailable => None,
+            // Fails open to this instance's own count.
+            Lookup::Unavailable => self.answer_from_limiter(),
         }
     }
 
     #[cfg(not(feature = "redis"))]
-    pub(crate) async fn answer_from_redis(&self, _lock: Option<Duration>) -> Option<Response> {
-        None
+    pub(crate) async fn answer_before_store(&self, _lock: Option<Duration>) -> Option<Response> {
+        self.answer_from_limiter()
+    }
+
+    /// 429 if the in-process hot-key limiter refuses this attempt; counts it otherwise.
+    fn answer_from_limiter(&self) -> Option<Response> {
+        let limiter = self.config.attempt_limit.as_ref()?;
+        if limiter.admit(self.id) {
+            return None;
+        }
+        Some(self.too_many_attempts(limiter.limit()))
+    }
+
+    /// The hot-key limiter's refusal.
+    fn too_many_attempts(&self, limit: u32) -> Response {
+        tracing::debug!(record = %self.id, limit, "too many attempts of this key");
+        telemetry::request(RequestOutcome::TooManyAttempts);
+        self.reject(
+            Rejection::new(
+                RejectionKind::TooManyAttempts,
+                format!(
+                    "this Idempotency-Key was attempted more than {limit} times in one second; \
+                     retry after Retry-After seconds"
+                ),
+            )
+            .with_retry_after(1),
+        )
     }
 
     /// Gives the Redis in-flight lock back, if this request holds it.

@@ -14,6 +14,7 @@ use crate::engine::cache::ResponseCache;
 use crate::engine::fingerprint::parse_pointer;
 #[cfg(feature = "redis")]
 use crate::engine::front::redis::{RedisFront, RedisOptions};
+use crate::engine::limit::{AttemptLimiter, TRACKED_KEYS};
 use crate::http::config::{Config, StoreDecision};
 use crate::postgres::PgStore;
 use crate::store::{IntoStore, Store};
@@ -320,6 +321,81 @@ impl<D: Store> IdempotencyLayer<D> {
     #[must_use]
     pub fn cache_responses(self, max_bytes: u64) -> Self {
         self.with(|c| c.cache = Some(Arc::new(ResponseCache::new(max_bytes))))
+    }
+
+    /// Lets at most `per_second` attempts of each key (each scope and `Idempotency-Key`)
+    /// per second reach the database; the others get 429 `too_many_attempts` with
+    /// `Retry-After: 1`, before any statement is sent. A client that retries one key in a
+    /// tight loop then costs the others a counter check, not the pool.
+    ///
+    /// The count runs in fixed one-second windows, in process: at most 65 536 keys'
+    /// counters are kept (about 100 bytes each), those of keys used again and again longest.
+    /// What is counted is what would reach PostgreSQL: after key validation, body buffering
+    /// and the fingerprint, when the handler's extractor ([`IdempotentTx`](crate::IdempotentTx)
+    /// or [`IdempotentLease`](crate::IdempotentLease)) claims the key. Replays from the
+    /// [in-process cache](Self::cache_responses), and the replays and 409s of the
+    /// [Redis front line](Self::redis), cost no database trip and are neither counted
+    /// nor limited. A `per_second` of 0 counts as 1. Refusals are counted in
+    /// `idempotency_requests_total{outcome="too_many_attempts"}`. Default: no limit.
+    ///
+    /// With several instances each counts its own attempts, so a key may reach the
+    /// database up to `per_second` times per instance; with feature `redis`,
+    /// [`key_attempt_limit_shared`](Self::key_attempt_limit_shared) counts across them.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::IdempotencyLayer;
+    ///
+    /// // A key retried in a loop reaches PostgreSQL at most 20 times a second.
+    /// let layer = IdempotencyLayer::new(pool).key_attempt_limit(20);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn key_attempt_limit(self, per_second: u32) -> Self {
+        self.with(|c| {
+            c.attempt_limit = Some(Arc::new(AttemptLimiter::new(per_second, TRACKED_KEYS)));
+            #[cfg(feature = "redis")]
+            {
+                c.attempt_limit_shared = false;
+            }
+        })
+    }
+
+    /// Like [`key_attempt_limit`](Self::key_attempt_limit), but counted in the layer's
+    /// [Redis](Self::redis) (feature `redis`), so the limit holds across every instance that
+    /// shares the Redis and the [prefix](Self::redis_prefix): at most `per_second` attempts
+    /// of a key per second reach the database, whichever instances they land on.
+    ///
+    /// The count is part of the front line's lookup script, in the same round trip:
+    /// `INCR <prefix>:hits:<record id>`, which expires one second after an attempt opened
+    /// it. A refused attempt takes no in-flight lock and is counted in
+    /// `idempotency_redis_total{result="limited"}`. The limiter fails open to the
+    /// in-process count: while Redis does not answer (an error, a timeout, the back-off
+    /// after a failure; counted as `result="error"` and logged), or without
+    /// [`redis`](Self::redis) at all, each instance counts its own attempts as
+    /// [`key_attempt_limit`](Self::key_attempt_limit) does. Redis never turns an attempt
+    /// into an error answer.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) -> Result<(), axum_idempotency::redis::RedisError> {
+    /// use axum_idempotency::IdempotencyLayer;
+    ///
+    /// let client = axum_idempotency::redis::Client::open("redis://127.0.0.1:6379")?;
+    /// // 20 attempts per key and second across all instances.
+    /// let layer = IdempotencyLayer::new(pool)
+    ///     .redis(client)
+    ///     .key_attempt_limit_shared(20);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+    #[must_use]
+    pub fn key_attempt_limit_shared(self, per_second: u32) -> Self {
+        self.with(|c| {
+            c.attempt_limit = Some(Arc::new(AttemptLimiter::new(per_second, TRACKED_KEYS)));
+            c.attempt_limit_shared = true;
+        })
     }
 
     /// Encrypts stored response bodies at rest (feature `encryption`): AES-256-GCM under

@@ -96,7 +96,7 @@ impl<D: Store> RequestState<D> {
             return Err(answer);
         }
         let lock = self.config.lease.min(self.config.handler_timeout);
-        if let Some(answer) = self.answer_from_redis(Some(lock)).await {
+        if let Some(answer) = self.answer_before_store(Some(lock)).await {
             return Err(answer);
         }
         let started = Instant::now();

@@ -62,13 +62,17 @@ pub enum RejectionKind {
     /// A handler returned an [`Error`](crate::Error) that is not about reaching the
     /// database (a constraint, a statement refused): its work was rolled back (500).
     DatabaseError,
+    /// The key was attempted more often in the current second than
+    /// [`IdempotencyLayer::key_attempt_limit`](crate::IdempotencyLayer::key_attempt_limit)
+    /// allows; refused before the database was asked (429, with `Retry-After: 1`).
+    TooManyAttempts,
 }
 
 impl RejectionKind {
     /// Every kind, in declaration order: the source of the `code` values the OpenAPI
     /// declarations list per status.
     #[cfg_attr(not(feature = "utoipa"), allow(dead_code))]
-    pub(crate) const ALL: [Self; 19] = [
+    pub(crate) const ALL: [Self; 20] = [
         Self::MissingKey,
         Self::InvalidKey,
         Self::PayloadTooLarge,
@@ -88,6 +92,7 @@ impl RejectionKind {
         Self::LayerMissing,
         Self::MethodNotCovered,
         Self::DatabaseError,
+        Self::TooManyAttempts,
     ];
 
     /// The status code of the default response.
@@ -96,6 +101,7 @@ impl RejectionKind {
             Self::MissingKey | Self::InvalidKey | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::TooManyAttempts => StatusCode::TOO_MANY_REQUESTS,
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight | Self::LeaseLost => StatusCode::CONFLICT,
             Self::StoreUnavailable | Self::CommitFailed | Self::HandlerTimedOut => {
@@ -134,6 +140,7 @@ impl RejectionKind {
             Self::LayerMissing => "layer_missing",
             Self::MethodNotCovered => "method_not_covered",
             Self::DatabaseError => "database_error",
+            Self::TooManyAttempts => "too_many_attempts",
         }
     }
 }
@@ -368,6 +375,7 @@ mod tests {
             RejectionKind::LayerMissing => 16,
             RejectionKind::MethodNotCovered => 17,
             RejectionKind::DatabaseError => 18,
+            RejectionKind::TooManyAttempts => 19,
         };
         for (index, kind) in RejectionKind::ALL.into_iter().enumerate() {
             assert_eq!(position(kind), index, "{kind:?}");
@@ -388,6 +396,19 @@ mod tests {
         let body = misuse.into_body().collect().await.unwrap().to_bytes();
         let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(problem["code"], "database_error");
+    }
+
+    #[tokio::test]
+    async fn too_many_attempts_is_429_with_its_own_code() {
+        let response = Rejection::new(RejectionKind::TooManyAttempts, "slow down")
+            .with_retry_after(1)
+            .problem_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(problem["code"], "too_many_attempts");
+        assert_eq!(problem["title"], "Too Many Requests");
     }
 
     #[tokio::test]

@@ -147,7 +147,8 @@ impl<D: Store> RequestState<D> {
             .wait_for_in_flight
             .is_none()
             .then_some(self.config.handler_timeout);
-        if let Some(answer) = self.answer_from_redis(lock).await {
+        // The Redis front line, then the hot-key limiter: the last answers before PostgreSQL.
+        if let Some(answer) = self.answer_before_store(lock).await {
             return Err(answer);
         }
         let started = Instant::now();

@@ -1,12 +1,18 @@
-//! Enqueueing outbox messages through tokio-postgres: in a handler's or inbox work's
-//! [`IdempotentTx`](super::IdempotentTx), or in any transaction of your own.
+//! The outbox on tokio-postgres: enqueueing in a handler's or inbox work's
+//! [`IdempotentTx`](super::IdempotentTx) or in any transaction of your own, and the
+//! relay's statements.
 
-use tokio_postgres::GenericClient;
+use std::collections::HashMap;
+
 use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{GenericClient, Row};
 
-use super::db::OUTBOX_ENQUEUE;
+use super::PgStore;
+use super::conn::TxConn;
+use super::db::{self, Db, OUTBOX_ENQUEUE};
 use crate::Error;
-use crate::engine::outbox::{Enqueued, OutboxMessage};
+use crate::admin::{OutboxColumns, OutboxInfo};
+use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Outgoing, Pending, Settlement};
 
 /// Enqueues `message` in the transaction `client` is in: it is published after that
 /// transaction commits, and never if it rolls back. One round trip, unprepared (safe behind
@@ -72,4 +78,154 @@ pub(crate) fn enqueued(
             duplicate: true,
         },
     })
+}
+
+/// `BEGIN` and the locking `SELECT` pipelined; the barriers of the batch's ordering
+/// keys in a second round trip, only when it has keyed messages.
+pub(super) async fn lock_batch(
+    store: &PgStore,
+    limit: i64,
+) -> Result<Option<OutboxBatch<TxConn>>, Error> {
+    let conn = TxConn::new(store.checkout().await?, store.prepared);
+    let db = store.db(conn.pooled());
+    let lock = db.prepare(&db::OUTBOX_LOCK_BATCH).await?;
+    let limit_params: [&(dyn ToSql + Sync); 1] = [&limit];
+    let (begun, rows) = tokio::join!(
+        biased;
+        db.client().batch_execute("BEGIN"),
+        db.query(&lock, &limit_params),
+    );
+    begun?;
+    let rows = rows?.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
+    if rows.is_empty() {
+        conn.rollback().await;
+        return Ok(None);
+    }
+    let keys: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r.ordering_key.as_deref())
+        .collect();
+    let mut barriers = HashMap::new();
+    if !keys.is_empty() {
+        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+        let statement = db.prepare(&db::OUTBOX_BARRIERS).await?;
+        for row in db.query(&statement, &[&keys, &seqs]).await? {
+            barriers.insert(row.try_get(0)?, row.try_get(1)?);
+        }
+    }
+    Ok(Some(OutboxBatch {
+        conn,
+        rows,
+        barriers,
+    }))
+}
+
+/// Both updates and `COMMIT` pipelined in one round trip; if an update fails, the
+/// server turns the `COMMIT` into a `ROLLBACK` and the batch stays pending.
+pub(super) async fn settle(mut conn: TxConn, s: &Settlement<'_>) -> Result<u64, Error> {
+    let db = Db::new(conn.pooled(), conn.prepared());
+    let mark_sent = match s.sent {
+        [] => None,
+        _ => Some(db.prepare(&db::OUTBOX_MARK_SENT).await?),
+    };
+    let mark_failed = match s.refused {
+        [] => None,
+        _ => Some(db.prepare(&db::OUTBOX_MARK_FAILED).await?),
+    };
+    let failed_params: [&(dyn ToSql + Sync); 5] = [
+        &s.refused,
+        &s.errors,
+        &s.max_attempts,
+        &s.retry_base_seconds,
+        &s.retry_cap_seconds,
+    ];
+    let (sent, parked, committed) = tokio::join!(
+        biased;
+        async {
+            match &mark_sent {
+                Some(statement) => db.execute(statement, &[&s.sent]).await.map(drop),
+                None => Ok(()),
+            }
+        },
+        async {
+            let Some(statement) = &mark_failed else {
+                return Ok(0);
+            };
+            let rows = db.query(statement, &failed_params).await?;
+            let mut parked = 0;
+            for row in rows {
+                if row.try_get::<_, bool>(0)? {
+                    parked += 1;
+                }
+            }
+            Ok::<_, tokio_postgres::Error>(parked)
+        },
+        db.client().batch_execute("COMMIT"),
+    );
+    sent?;
+    let parked = parked?;
+    committed?;
+    conn.mark_ended();
+    Ok(parked)
+}
+
+pub(super) async fn pending(store: &PgStore) -> Result<Pending, Error> {
+    let mut rows = store
+        .rows(&db::OUTBOX_PENDING, &[], |row| {
+            Ok(Pending {
+                count: row.try_get(0)?,
+                oldest_seconds: row.try_get(1)?,
+            })
+        })
+        .await?;
+    Ok(rows.pop().unwrap_or(Pending {
+        count: 0,
+        oldest_seconds: None,
+    }))
+}
+
+pub(super) async fn messages(
+    store: &PgStore,
+    state: &str,
+    limit: i64,
+) -> Result<Vec<OutboxInfo>, Error> {
+    store
+        .rows(&db::ADMIN_OUTBOX, &[&state, &limit], outbox_info)
+        .await
+}
+
+pub(super) async fn requeue(store: &PgStore, message_id: &str) -> Result<bool, Error> {
+    let conn = store.checkout().await?;
+    let db = store.db(&*conn);
+    let statement = db.prepare(&db::ADMIN_REQUEUE_OUTBOX).await?;
+    Ok(db.execute(&statement, &[&message_id]).await? == 1)
+}
+
+fn outgoing(row: &Row) -> Result<Outgoing, tokio_postgres::Error> {
+    Ok(Outgoing {
+        seq: row.try_get(0)?,
+        message_id: row.try_get(1)?,
+        topic: row.try_get(2)?,
+        ordering_key: row.try_get(3)?,
+        content_type: row.try_get(4)?,
+        payload: row.try_get(5)?,
+        attempts: row.try_get(6)?,
+        age_seconds: row.try_get(7)?,
+    })
+}
+
+fn outbox_info(row: &Row) -> Result<OutboxInfo, tokio_postgres::Error> {
+    Ok(OutboxColumns {
+        seq: row.try_get(0)?,
+        message_id: row.try_get(1)?,
+        topic: row.try_get(2)?,
+        ordering_key: row.try_get(3)?,
+        state: row.try_get(4)?,
+        attempts: row.try_get(5)?,
+        last_error: row.try_get(6)?,
+        payload_bytes: row.try_get(7)?,
+        created_at: row.try_get(8)?,
+        sent_at: row.try_get(9)?,
+    }
+    .into())
 }

@@ -1,7 +1,6 @@
 //! [`Store`] for tokio-postgres: every statement pipelined where the protocol allows, in
 //! one round trip per step.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,12 +13,10 @@ use super::conn::TxConn;
 use super::db::{self, Db, Sql};
 use super::tx::IdempotentTx;
 use crate::Error;
-use crate::admin::{
-    MessageColumns, MessageInfo, OutboxColumns, OutboxInfo, RecordColumns, RecordInfo,
-};
+use crate::admin::{MessageColumns, MessageInfo, OutboxInfo, RecordColumns, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::outbox::{OutboxBatch, Outgoing, Pending, Settlement};
+use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
 use crate::engine::record::{
     Claim, CommitError, Completion, InboxClaim, InboxRecord, InboxWrite, LeaseClaim, LeaseEnd,
     NewRecord, RecordRow, StaleSummary, SweepBatch,
@@ -45,16 +42,16 @@ impl tokio_postgres::types::ToSql for RecordId {
 }
 
 impl PgStore {
-    fn db<'a>(&self, conn: &'a dyn super::PooledClient) -> Db<'a> {
+    pub(super) fn db<'a>(&self, conn: &'a dyn super::PooledClient) -> Db<'a> {
         Db::new(conn, self.prepared)
     }
 
-    async fn checkout(&self) -> Result<Box<dyn super::PooledClient>, Error> {
+    pub(super) async fn checkout(&self) -> Result<Box<dyn super::PooledClient>, Error> {
         self.pool.get().await.map_err(Error::Pool)
     }
 
     /// Runs one statement on a connection of its own and maps its rows.
-    async fn rows<T>(
+    pub(super) async fn rows<T>(
         &self,
         sql: &'static Sql,
         params: &[&(dyn ToSql + Sync)],
@@ -522,117 +519,24 @@ impl Store for PgStore {
             .await
     }
 
-    /// `BEGIN` and the locking `SELECT` pipelined; the barriers of the batch's ordering
-    /// keys in a second round trip, only when it has keyed messages.
     async fn outbox_lock_batch(&self, limit: i64) -> Result<Option<OutboxBatch<TxConn>>, Error> {
-        let conn = TxConn::new(self.checkout().await?, self.prepared);
-        let db = self.db(conn.pooled());
-        let lock = db.prepare(&db::OUTBOX_LOCK_BATCH).await?;
-        let limit_params: [&(dyn ToSql + Sync); 1] = [&limit];
-        let (begun, rows) = tokio::join!(
-            biased;
-            db.client().batch_execute("BEGIN"),
-            db.query(&lock, &limit_params),
-        );
-        begun?;
-        let rows = rows?.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
-        if rows.is_empty() {
-            conn.rollback().await;
-            return Ok(None);
-        }
-        let keys: Vec<&str> = rows
-            .iter()
-            .filter_map(|r| r.ordering_key.as_deref())
-            .collect();
-        let mut barriers = HashMap::new();
-        if !keys.is_empty() {
-            let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-            let statement = db.prepare(&db::OUTBOX_BARRIERS).await?;
-            for row in db.query(&statement, &[&keys, &seqs]).await? {
-                barriers.insert(row.try_get(0)?, row.try_get(1)?);
-            }
-        }
-        Ok(Some(OutboxBatch {
-            conn,
-            rows,
-            barriers,
-        }))
+        super::outbox::lock_batch(self, limit).await
     }
 
-    /// Both updates and `COMMIT` pipelined in one round trip; if an update fails, the
-    /// server turns the `COMMIT` into a `ROLLBACK` and the batch stays pending.
-    async fn outbox_settle(mut conn: TxConn, s: &Settlement<'_>) -> Result<u64, Error> {
-        let db = Db::new(conn.pooled(), conn.prepared());
-        let mark_sent = match s.sent {
-            [] => None,
-            _ => Some(db.prepare(&db::OUTBOX_MARK_SENT).await?),
-        };
-        let mark_failed = match s.refused {
-            [] => None,
-            _ => Some(db.prepare(&db::OUTBOX_MARK_FAILED).await?),
-        };
-        let failed_params: [&(dyn ToSql + Sync); 5] = [
-            &s.refused,
-            &s.errors,
-            &s.max_attempts,
-            &s.retry_base_seconds,
-            &s.retry_cap_seconds,
-        ];
-        let (sent, parked, committed) = tokio::join!(
-            biased;
-            async {
-                match &mark_sent {
-                    Some(statement) => db.execute(statement, &[&s.sent]).await.map(drop),
-                    None => Ok(()),
-                }
-            },
-            async {
-                let Some(statement) = &mark_failed else {
-                    return Ok(0);
-                };
-                let rows = db.query(statement, &failed_params).await?;
-                let mut parked = 0;
-                for row in rows {
-                    if row.try_get::<_, bool>(0)? {
-                        parked += 1;
-                    }
-                }
-                Ok::<_, tokio_postgres::Error>(parked)
-            },
-            db.client().batch_execute("COMMIT"),
-        );
-        sent?;
-        let parked = parked?;
-        committed?;
-        conn.mark_ended();
-        Ok(parked)
+    async fn outbox_settle(conn: TxConn, settlement: &Settlement<'_>) -> Result<u64, Error> {
+        super::outbox::settle(conn, settlement).await
     }
 
     async fn outbox_pending(&self) -> Result<Pending, Error> {
-        let mut rows = self
-            .rows(&db::OUTBOX_PENDING, &[], |row| {
-                Ok(Pending {
-                    count: row.try_get(0)?,
-                    oldest_seconds: row.try_get(1)?,
-                })
-            })
-            .await?;
-        Ok(rows.pop().unwrap_or(Pending {
-            count: 0,
-            oldest_seconds: None,
-        }))
+        super::outbox::pending(self).await
     }
 
     async fn outbox_messages(&self, state: &str, limit: i64) -> Result<Vec<OutboxInfo>, Error> {
-        self.rows(&db::ADMIN_OUTBOX, &[&state, &limit], outbox_info)
-            .await
+        super::outbox::messages(self, state, limit).await
     }
 
     async fn outbox_requeue(&self, message_id: &str) -> Result<bool, Error> {
-        let conn = self.checkout().await?;
-        let db = self.db(&*conn);
-        let statement = db.prepare(&db::ADMIN_REQUEUE_OUTBOX).await?;
-        Ok(db.execute(&statement, &[&message_id]).await? == 1)
+        super::outbox::requeue(self, message_id).await
     }
 
     fn handle(shared: &Arc<SharedTx<TxConn>>) -> Option<IdempotentTx> {
@@ -670,35 +574,6 @@ fn message_info(row: &Row) -> Result<MessageInfo, tokio_postgres::Error> {
         created_at: row.try_get(6)?,
         updated_at: row.try_get(7)?,
         expires_at: row.try_get(8)?,
-    }
-    .into())
-}
-
-fn outgoing(row: &Row) -> Result<Outgoing, tokio_postgres::Error> {
-    Ok(Outgoing {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        content_type: row.try_get(4)?,
-        payload: row.try_get(5)?,
-        attempts: row.try_get(6)?,
-        age_seconds: row.try_get(7)?,
-    })
-}
-
-fn outbox_info(row: &Row) -> Result<OutboxInfo, tokio_postgres::Error> {
-    Ok(OutboxColumns {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        state: row.try_get(4)?,
-        attempts: row.try_get(5)?,
-        last_error: row.try_get(6)?,
-        payload_bytes: row.try_get(7)?,
-        created_at: row.try_get(8)?,
-        sent_at: row.try_get(9)?,
     }
     .into())
 }

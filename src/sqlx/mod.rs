@@ -38,6 +38,7 @@
 //! one cannot see the SQL a handler sends through `&mut *tx`: do not end the transaction
 //! yourself (nested `sqlx::Connection::begin` savepoints are fine).
 
+mod outbox;
 mod store;
 mod tx;
 
@@ -95,7 +96,7 @@ pub async fn enqueue<'c, E>(
 where
     E: ::sqlx::Executor<'c, Database = ::sqlx::Postgres>,
 {
-    store::enqueue(executor, message, true).await
+    outbox::enqueue(executor, message, true).await
 }
 
 impl IntoStore for PgPool {

@@ -1,7 +1,6 @@
 //! [`Store`] for sqlx: the same statements as the tokio-postgres driver, one round trip
 //! each.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,12 +12,10 @@ use ::sqlx::{Executor, PgConnection, Row, Transaction};
 use super::SqlxStore;
 use super::tx::IdempotentTx;
 use crate::Error;
-use crate::admin::{
-    MessageColumns, MessageInfo, OutboxColumns, OutboxInfo, RecordColumns, RecordInfo,
-};
+use crate::admin::{MessageColumns, MessageInfo, OutboxInfo, RecordColumns, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::outbox::{OutboxBatch, Outgoing, Pending, Settlement};
+use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
 use crate::engine::record::{
     Claim, CommitError, Completion, InboxClaim, InboxRecord, InboxWrite, LeaseClaim, LeaseEnd,
     NewRecord, RecordRow, StaleSummary, SweepBatch,
@@ -67,6 +64,11 @@ impl SqlxConn {
         self.persistent
     }
 
+    /// Commits the transaction.
+    pub(super) async fn commit(mut self) -> Result<(), ::sqlx::Error> {
+        self.tx.take().expect("an open transaction").commit().await
+    }
+
     pub(crate) fn connection_mut(&mut self) -> &mut PgConnection {
         self.tx
             .as_deref_mut()
@@ -96,11 +98,11 @@ fn lock_timeout(wait: Duration) -> String {
 }
 
 impl SqlxStore {
-    fn query(&self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
+    pub(super) fn query(&self, sql: &'static str) -> Query<'static, Postgres, PgArguments> {
         statement(sql, self.persistent)
     }
 
-    async fn begin(&self) -> Result<SqlxConn, Error> {
+    pub(super) async fn begin(&self) -> Result<SqlxConn, Error> {
         Ok(SqlxConn {
             tx: Some(self.pool.begin().await?),
             persistent: self.persistent,
@@ -108,7 +110,7 @@ impl SqlxStore {
         })
     }
 
-    async fn rows<T>(
+    pub(super) async fn rows<T>(
         &self,
         query: Query<'static, Postgres, PgArguments>,
         map: fn(&PgRow) -> Result<T, ::sqlx::Error>,
@@ -118,7 +120,10 @@ impl SqlxStore {
     }
 }
 
-fn statement(sql: &'static str, persistent: bool) -> Query<'static, Postgres, PgArguments> {
+pub(super) fn statement(
+    sql: &'static str,
+    persistent: bool,
+) -> Query<'static, Postgres, PgArguments> {
     ::sqlx::query(sql).persistent(persistent)
 }
 
@@ -511,98 +516,24 @@ impl Store for SqlxStore {
         self.rows(query, message_info).await
     }
 
-    /// `BEGIN`, the locking `SELECT`, and the barriers of the batch's ordering keys only
-    /// when it has keyed messages.
     async fn outbox_lock_batch(&self, limit: i64) -> Result<Option<OutboxBatch<SqlxConn>>, Error> {
-        let mut conn = self.begin().await?;
-        let rows = self
-            .query(sql::OUTBOX_LOCK_BATCH)
-            .bind(limit)
-            .fetch_all(conn.connection_mut())
-            .await?;
-        let rows = rows.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
-        if rows.is_empty() {
-            Self::rollback(conn).await;
-            return Ok(None);
-        }
-        let keys: Vec<&str> = rows
-            .iter()
-            .filter_map(|r| r.ordering_key.as_deref())
-            .collect();
-        let mut barriers = HashMap::new();
-        if !keys.is_empty() {
-            let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
-            let found = self
-                .query(sql::OUTBOX_BARRIERS)
-                .bind(&keys[..])
-                .bind(&seqs[..])
-                .fetch_all(conn.connection_mut())
-                .await?;
-            for row in found {
-                barriers.insert(row.try_get(0)?, row.try_get(1)?);
-            }
-        }
-        Ok(Some(OutboxBatch {
-            conn,
-            rows,
-            barriers,
-        }))
+        super::outbox::lock_batch(self, limit).await
     }
 
-    async fn outbox_settle(mut conn: SqlxConn, s: &Settlement<'_>) -> Result<u64, Error> {
-        if !s.sent.is_empty() {
-            statement(sql::OUTBOX_MARK_SENT, conn.persistent)
-                .bind(s.sent)
-                .execute(conn.connection_mut())
-                .await?;
-        }
-        let mut parked = 0;
-        if !s.refused.is_empty() {
-            let rows = statement(sql::OUTBOX_MARK_FAILED, conn.persistent)
-                .bind(s.refused)
-                .bind(s.errors)
-                .bind(s.max_attempts)
-                .bind(s.retry_base_seconds)
-                .bind(s.retry_cap_seconds)
-                .fetch_all(conn.connection_mut())
-                .await?;
-            for row in rows {
-                if row.try_get::<bool, _>(0)? {
-                    parked += 1;
-                }
-            }
-        }
-        let tx = conn.tx.take().expect("an open transaction");
-        tx.commit().await?;
-        Ok(parked)
+    async fn outbox_settle(conn: SqlxConn, settlement: &Settlement<'_>) -> Result<u64, Error> {
+        super::outbox::settle(conn, settlement).await
     }
 
     async fn outbox_pending(&self) -> Result<Pending, Error> {
-        let row = self
-            .query(sql::OUTBOX_PENDING)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(Pending {
-            count: row.try_get(0)?,
-            oldest_seconds: row.try_get(1)?,
-        })
+        super::outbox::pending(self).await
     }
 
     async fn outbox_messages(&self, state: &str, limit: i64) -> Result<Vec<OutboxInfo>, Error> {
-        self.rows(
-            self.query(sql::ADMIN_OUTBOX).bind(state).bind(limit),
-            outbox_info,
-        )
-        .await
+        super::outbox::messages(self, state, limit).await
     }
 
     async fn outbox_requeue(&self, message_id: &str) -> Result<bool, Error> {
-        let done = self
-            .query(sql::ADMIN_REQUEUE_OUTBOX)
-            .bind(message_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        super::outbox::requeue(self, message_id).await
     }
 
     fn handle(shared: &Arc<SharedTx<SqlxConn>>) -> Option<IdempotentTx> {
@@ -643,63 +574,4 @@ fn message_info(row: &PgRow) -> Result<MessageInfo, ::sqlx::Error> {
         expires_at: row.try_get(8)?,
     }
     .into())
-}
-
-fn outgoing(row: &PgRow) -> Result<Outgoing, ::sqlx::Error> {
-    Ok(Outgoing {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        content_type: row.try_get(4)?,
-        payload: row.try_get(5)?,
-        attempts: row.try_get(6)?,
-        age_seconds: row.try_get(7)?,
-    })
-}
-
-fn outbox_info(row: &PgRow) -> Result<OutboxInfo, ::sqlx::Error> {
-    Ok(OutboxColumns {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        state: row.try_get(4)?,
-        attempts: row.try_get(5)?,
-        last_error: row.try_get(6)?,
-        payload_bytes: row.try_get(7)?,
-        created_at: row.try_get(8)?,
-        sent_at: row.try_get(9)?,
-    }
-    .into())
-}
-
-/// Enqueues `message` through `executor`; see [`crate::sqlx::enqueue`].
-pub(crate) async fn enqueue<'c, E>(
-    executor: E,
-    message: &crate::outbox::OutboxMessage,
-    persistent: bool,
-) -> Result<crate::outbox::Enqueued, Error>
-where
-    E: Executor<'c, Database = Postgres>,
-{
-    message.check().map_err(Error::InvalidMessage)?;
-    let row = statement(sql::OUTBOX_ENQUEUE, persistent)
-        .bind(message.id.as_deref())
-        .bind(message.topic.as_str())
-        .bind(message.ordering_key.as_deref())
-        .bind(message.content_type.as_deref())
-        .bind(&message.payload[..])
-        .fetch_optional(executor)
-        .await?;
-    Ok(match row {
-        Some(row) => crate::outbox::Enqueued {
-            message_id: row.try_get(0)?,
-            duplicate: false,
-        },
-        None => crate::outbox::Enqueued {
-            message_id: message.id.clone().unwrap_or_default(),
-            duplicate: true,
-        },
-    })
 }

@@ -76,7 +76,7 @@ impl IdempotentTx {
             .as_mut()
             .expect("the transaction is held by this handle");
         let persistent = conn.persistent();
-        super::store::enqueue(conn.connection_mut(), message, persistent).await
+        super::outbox::enqueue(conn.connection_mut(), message, persistent).await
     }
 }
 

@@ -1,7 +1,7 @@
 //! The optional Redis front line (feature `redis`): "a fast layer in front for speed, the
 //! database behind it for correctness, never Redis alone".
 //!
-//! Two things, both shared by every app instance that uses the same Redis and prefix:
+//! Three things, all shared by every app instance that uses the same Redis and prefix:
 //!
 //! - **Completed responses.** After a response is stored in PostgreSQL it is also written to
 //!   `<prefix>:resp:<record id>` with the record's remaining lifetime, so a retry that lands
@@ -10,15 +10,21 @@
 //!   NX PX <deadline>`; if another request holds it, the answer is 409 at once. The lock is
 //!   deleted when the request ends and expires on its own (handler deadline plus a margin),
 //!   so a crashed holder can only delay a retry, never refuse it for good.
+//! - **A shared hot-key limiter** (with
+//!   [`key_attempt_limit_shared`](crate::IdempotencyLayer::key_attempt_limit_shared)): an
+//!   attempt that would go on to PostgreSQL increments `<prefix>:hits:<record id>`, which
+//!   expires one second after the attempt that created it; past the limit the answer is
+//!   429 at once, and no lock is taken.
 //!
-//! The lookup and the lock are one script call (`EVALSHA`), one round trip, atomic in Redis:
-//! a replay never takes a lock it would have to give back. Storing the response and
-//! deleting the lock after the commit are one pipelined round trip. Every Redis error or
-//! timeout is logged and skipped: the request goes on to PostgreSQL, which decides as it
-//! would without Redis. After a lost connection, a failed connection attempt or a timeout,
-//! Redis is left alone for [`BACKOFF`], so a dead Redis costs one connection attempt per
-//! back-off, not a timeout per request. A lock that could not be deleted is deleted after
-//! the next reconnect (a Redis that keeps its data would otherwise hold it to its expiry).
+//! The lookup, the count and the lock are one script call (`EVALSHA`), one round trip,
+//! atomic in Redis: neither a replay nor a refused attempt takes a lock it would have to
+//! give back. Storing the response and deleting the lock after the commit are one
+//! pipelined round trip. Every Redis error or timeout is logged and skipped: the request
+//! goes on to PostgreSQL, which decides as it would without Redis. After a lost
+//! connection, a failed connection attempt or a timeout, Redis is left alone for
+//! [`BACKOFF`], so a dead Redis costs one connection attempt per back-off, not a timeout
+//! per request. A lock that could not be deleted is deleted after the next reconnect (a
+//! Redis that keeps its data would otherwise hold it to its expiry).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,14 +57,30 @@ const FORMAT: u8 = 1;
 /// Locks kept for deletion after a reconnect, at most; the rest expire on their own.
 const MAX_UNRELEASED: usize = 10_000;
 
-/// `KEYS[1]` the response, `KEYS[2]` the lock, `ARGV[1]` the lock's lifetime in ms (`0`:
-/// take no lock). Answers `{response, pttl}`, or `LOCKED`, `HELD` or `NOT_LOCKED`.
+/// `KEYS[1]` the response, `KEYS[2]` the lock, `KEYS[3]` the hot-key counter; `ARGV[1]`
+/// the lock's lifetime in ms (`0`: take no lock), `ARGV[2]` the attempts per key and second
+/// (`0`: count nothing). Answers `{response, pttl}`, or `LOCKED`, `HELD`, `NOT_LOCKED` or
+/// `LIMITED`. Only an attempt that would go on to PostgreSQL is counted: not a replay, not
+/// one that finds the lock held. The counter expires one second after the attempt that
+/// opened it; a refused attempt takes no lock.
 static LOOKUP: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local response = redis.call('GET', KEYS[1])
 if response then
   return {response, redis.call('PTTL', KEYS[1])}
+end
+if ARGV[1] ~= '0' and redis.call('EXISTS', KEYS[2]) == 1 then
+  return 0
+end
+if ARGV[2] ~= '0' then
+  local attempts = redis.call('INCR', KEYS[3])
+  if redis.call('PTTL', KEYS[3]) < 0 then
+    redis.call('PEXPIRE', KEYS[3], 1000)
+  end
+  if attempts > tonumber(ARGV[2]) then
+    return 3
+  end
 end
 if ARGV[1] == '0' then
   return 2
@@ -73,6 +95,7 @@ return 0
 const LOCKED: i64 = 1;
 const NOT_LOCKED: i64 = 2;
 const HELD: i64 = 0;
+const LIMITED: i64 = 3;
 
 /// Settings that may be given before or after the client.
 #[derive(Debug, Clone)]
@@ -106,10 +129,13 @@ pub(crate) struct RedisResponse {
 pub(crate) enum Lookup {
     /// A completed response (the caller checks the fingerprint).
     Hit(RedisResponse),
-    /// Nothing completed; `locked` if this request now holds the in-flight lock.
+    /// Nothing completed; `locked` if this request now holds the in-flight lock. With a
+    /// limit given, the attempt was counted in Redis and is within it.
     Miss { locked: bool },
     /// Another request holds the in-flight lock.
     InFlight,
+    /// The key had its attempts for this second (shared hot-key limiter).
+    Limited,
     /// Redis did not answer; PostgreSQL decides.
     Unavailable,
 }
@@ -161,17 +187,27 @@ impl RedisFront {
 
     /// Looks the key's completed response up and, with `lock` set and no response found,
     /// takes the in-flight lock for that long: one round trip, atomic in Redis, so a replay
-    /// never takes a lock it would have to give back.
-    pub(crate) async fn lookup(&self, id: RecordId, lock: Option<Duration>) -> Lookup {
+    /// never takes a lock it would have to give back. With `limit`, an attempt that would go
+    /// on to PostgreSQL is counted first, and refused past `limit` in the current second.
+    pub(crate) async fn lookup(
+        &self,
+        id: RecordId,
+        lock: Option<Duration>,
+        limit: Option<u32>,
+    ) -> Lookup {
         let resp = self.key("resp", id);
         let lock_key = self.key("lock", id);
+        let hits = self.key("hits", id);
         let lock_ms = lock.map_or(0, |lock_for| millis(lock_for).max(1));
+        let limit = limit.unwrap_or(0);
         let answer = self
             .run("lookup", |mut conn| async move {
                 LOOKUP
                     .key(resp)
                     .key(lock_key)
+                    .key(hits)
                     .arg(lock_ms)
+                    .arg(limit)
                     .invoke_async::<Value>(&mut conn)
                     .await
             })
@@ -199,12 +235,14 @@ impl RedisFront {
             Value::Int(LOCKED) => Lookup::Miss { locked: true },
             Value::Int(HELD) => Lookup::InFlight,
             Value::Int(NOT_LOCKED) => Lookup::Miss { locked: false },
+            Value::Int(LIMITED) => Lookup::Limited,
             _ => Lookup::Unavailable,
         };
         telemetry::redis(match lookup {
             Lookup::Hit(_) => RedisOutcome::Hit,
             Lookup::Miss { .. } => RedisOutcome::Miss,
             Lookup::InFlight => RedisOutcome::InFlight,
+            Lookup::Limited => RedisOutcome::Limited,
             Lookup::Unavailable => RedisOutcome::Error,
         });
         lookup
