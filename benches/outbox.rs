@@ -288,8 +288,9 @@ async fn main() {
         .unwrap();
 
     println!("{messages} messages, {producers} producers, one relay (batch 100, LISTEN)");
-    let alone = broker_alone(&broker, &queue, messages, producers).await;
+    // The producers first, before the broker has any disk work of its own.
     let committing = producers_alone(&pool, &queue, messages, producers).await;
+    let alone = broker_alone(&broker, &queue, messages, producers).await;
     consume(&broker, &queue, messages).await; // drain the baseline's messages
     let outbox = through_outbox(&pool, &database_url, &broker, &queue, messages, producers).await;
 

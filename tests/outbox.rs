@@ -26,10 +26,6 @@ use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use serde_json::json;
 
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
 /// The outbox rows of a test's schema: (message id, topic, state, attempts, last error).
 async fn outbox_rows(db: &TestDb) -> Vec<(String, String, String, i32, Option<String>)> {
     db.admin

@@ -22,10 +22,6 @@ const ORDERS: i64 = 500;
 const PAID: i64 = 400;
 const CLIENTS: i64 = 8;
 
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
 /// One HTTP/1.1 exchange, or the I/O error of a server that went away.
 async fn exchange(addr: &str, request: &str) -> std::io::Result<(u16, String)> {
     let mut stream = TcpStream::connect(addr).await?;

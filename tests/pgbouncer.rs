@@ -614,8 +614,7 @@ async fn the_outbox_relay_polls_behind_pgbouncer_without_prepared_statements() {
     let Some(binary) = pgbouncer_binary() else {
         return;
     };
-    let amqp_url = std::env::var("AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let amqp_url = common::amqp_url();
     let broker =
         match lapin::Connection::connect(&amqp_url, lapin::ConnectionProperties::default()).await {
             Ok(broker) => broker,

@@ -23,10 +23,6 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer
 use serde_json::json;
 use tokio::sync::Semaphore;
 
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
 /// A durable queue of its own for one test, deleted at the end.
 struct Broker {
     connection: Connection,

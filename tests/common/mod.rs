@@ -32,6 +32,11 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
 }
 
+/// The RabbitMQ the broker tests use: `AMQP_URL`, or the local one.
+pub fn amqp_url() -> String {
+    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
 /// The tables the test handler (`router`) writes: orders, and a deferred foreign key
 /// that can make a COMMIT fail.
 pub const TEST_TABLES: &str = "
