@@ -7,8 +7,9 @@
 //! - the `Idempotency-Key` header parameter, required or optional, with its syntax
 //!   (printable ASCII, 1–255 characters);
 //! - the layer's own problem responses (`application/problem+json`, RFC 9457) for 400, 409,
-//!   422 and 503, each with the `code` values the layer sends with that status and, for 409
-//!   and 503, the `Retry-After` header;
+//!   422 and 503 (and 429 with [`attempt_limit`](IdempotencyDoc::attempt_limit)), each with
+//!   the `code` values the layer sends with that status and, for 409, 429 and 503, the
+//!   `Retry-After` header;
 //! - the `Idempotent-Replayed` response header on the operation's own responses.
 //!
 //! ```
@@ -86,6 +87,14 @@ const PROBLEMS: [(StatusCode, &str); 4] = [
     ),
 ];
 
+/// The layer's 429, sent only where [`key_attempt_limit`](crate::IdempotencyLayer::key_attempt_limit)
+/// is configured.
+const TOO_MANY_ATTEMPTS: (StatusCode, &str) = (
+    StatusCode::TOO_MANY_REQUESTS,
+    "This `Idempotency-Key` was tried too often in the last second. Retry after \
+     `Retry-After` seconds with the same key and the same request.",
+);
+
 /// Declarations of the idempotency contract for chosen operations of a utoipa
 /// [`OpenApi`] document.
 ///
@@ -108,6 +117,7 @@ const PROBLEMS: [(StatusCode, &str); 4] = [
 #[derive(Debug, Clone)]
 pub struct IdempotencyDoc {
     key_required: bool,
+    attempt_limit: bool,
     operations: Vec<(Method, String)>,
 }
 
@@ -127,6 +137,7 @@ impl IdempotencyDoc {
     pub fn new() -> Self {
         Self {
             key_required: true,
+            attempt_limit: false,
             operations: Vec::new(),
         }
     }
@@ -139,6 +150,20 @@ impl IdempotencyDoc {
     /// ```
     pub fn key_required(mut self, required: bool) -> Self {
         self.key_required = required;
+        self
+    }
+
+    /// Also declares the 429 `too_many_attempts` answer (with `Retry-After`), for a layer
+    /// configured with [`key_attempt_limit`](crate::IdempotencyLayer::key_attempt_limit).
+    /// Default: off.
+    ///
+    /// ```
+    /// let doc = axum_idempotency::openapi::IdempotencyDoc::new().attempt_limit(true);
+    /// # let _ = doc;
+    /// ```
+    #[must_use]
+    pub fn attempt_limit(mut self, declared: bool) -> Self {
+        self.attempt_limit = declared;
         self
     }
 
@@ -214,7 +239,8 @@ impl IdempotencyDoc {
                 && parameter.name.eq_ignore_ascii_case(KEY_HEADER))
         });
         parameters.push(self.key_parameter());
-        for (status, meaning) in PROBLEMS {
+        let limit = self.attempt_limit.then_some(TOO_MANY_ATTEMPTS);
+        for (status, meaning) in PROBLEMS.into_iter().chain(limit) {
             let codes = codes(status);
             let description = format!(
                 "{meaning} `code`: {}.",
@@ -226,7 +252,9 @@ impl IdempotencyDoc {
             );
             let retry_after = matches!(
                 status,
-                StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE
+                StatusCode::CONFLICT
+                    | StatusCode::TOO_MANY_REQUESTS
+                    | StatusCode::SERVICE_UNAVAILABLE
             );
             match operation
                 .responses
@@ -498,5 +526,42 @@ mod tests {
             codes(StatusCode::SERVICE_UNAVAILABLE),
             ["store_unavailable", "commit_failed", "handler_timed_out"]
         );
+        assert_eq!(codes(StatusCode::TOO_MANY_REQUESTS), ["too_many_attempts"]);
+    }
+
+    #[test]
+    fn the_429_is_declared_only_for_a_limited_layer() {
+        use utoipa::openapi::path::{OperationBuilder, PathItem, PathsBuilder};
+        let document = || {
+            let operation = OperationBuilder::new()
+                .response("201", Response::new("Created"))
+                .build();
+            utoipa::openapi::OpenApiBuilder::new()
+                .paths(PathsBuilder::new().path(
+                    "/orders",
+                    PathItem::new(utoipa::openapi::HttpMethod::Post, operation),
+                ))
+                .build()
+        };
+        for limited in [false, true] {
+            let mut openapi = document();
+            IdempotencyDoc::new()
+                .attempt_limit(limited)
+                .operation(Method::POST, "/orders")
+                .apply(&mut openapi)
+                .unwrap();
+            let json = serde_json::to_value(&openapi).unwrap();
+            let responses = &json["paths"]["/orders"]["post"]["responses"];
+            assert_eq!(responses["429"].is_object(), limited, "{responses}");
+            if limited {
+                assert!(responses["429"]["headers"]["Retry-After"].is_object());
+                assert!(
+                    responses["429"]["description"]
+                        .as_str()
+                        .unwrap()
+                        .contains("too_many_attempts")
+                );
+            }
+        }
     }
 }
