@@ -333,14 +333,14 @@ impl<D: Store> IdempotencyLayer<D> {
     /// What is counted is what would reach PostgreSQL: after key validation, body buffering
     /// and the fingerprint, when the handler's extractor ([`IdempotentTx`](crate::IdempotentTx)
     /// or [`IdempotentLease`](crate::IdempotentLease)) claims the key. Replays from the
-    /// [in-process cache](Self::cache_responses), and the replays and 409s of the
-    /// [Redis front line](Self::redis), cost no database trip and are neither counted
+    /// [in-process cache](Self::cache_responses), and the replays and 409s of the Redis
+    /// front line (feature `redis`), cost no database trip and are neither counted
     /// nor limited. A `per_second` of 0 counts as 1. Refusals are counted in
     /// `idempotency_requests_total{outcome="too_many_attempts"}`. Default: no limit.
     ///
     /// With several instances each counts its own attempts, so a key may reach the
     /// database up to `per_second` times per instance; with feature `redis`,
-    /// [`key_attempt_limit_shared`](Self::key_attempt_limit_shared) counts across them.
+    /// `key_attempt_limit_shared` counts across them.
     ///
     /// ```no_run
     /// # fn f(pool: deadpool_postgres::Pool) {
