@@ -750,7 +750,19 @@ async fn run(cluster: &Cluster, mode: &'static str, lag: bool) -> Figures {
         if !same {
             figures.replay_mismatches += 1;
             if figures.replay_mismatches <= 3 {
-                println!("{mode}: replay of key {i} differs: first {first:?}, again {again:?}");
+                let show = |r: &Reply| {
+                    format!(
+                        "{} {}{}",
+                        r.status,
+                        String::from_utf8_lossy(&r.body),
+                        if r.replayed { " (replayed)" } else { "" }
+                    )
+                };
+                println!(
+                    "{mode}: replay of key {i} differs: first {}, again {}",
+                    show(first),
+                    again.as_ref().map_or_else(|| "no answer".to_owned(), show)
+                );
             }
         }
     }
