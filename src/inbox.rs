@@ -298,7 +298,9 @@ impl<D: Store> Inbox<D> {
     }
 
     /// Runs a scheduled job's `slot` once, however many schedulers fire it: the job name
-    /// and slot (`"nightly-settlement"`, `"2026-12-01"`) are the message id, so the work
+    /// and slot (`"nightly-settlement"`, `"2026-12-01"`) make the message id
+    /// `job@slot` (so both are printable ASCII without spaces, 255 bytes together at most,
+    /// else [`InboxError::InvalidMessageId`]), so the work
     /// and its record commit together, a second scheduler firing the same slot gets
     /// [`Outcome::Duplicate`] (after waiting up to the [`lock_timeout`](Self::lock_timeout)
     /// for one still running, else [`InboxError::Busy`]), and a run that crashed or failed
