@@ -465,10 +465,15 @@ impl<D: Store> Inbox<D> {
             Failure::Error(error) => error.to_string(),
             Failure::Panic(message) => format!("panicked: {message}"),
         };
-        if let Some(conn) = taken {
-            D::rollback(conn).await;
-        }
-        let attempts = self.record_failure(&write, &text, prior_attempts).await;
+        let attempts = match taken {
+            // Still under the message's lock: a worker waiting for it sees this attempt.
+            Some(conn) => {
+                self.fail_under_lock(conn, &write, &text, prior_attempts)
+                    .await
+            }
+            // The work kept its handle: the transaction rolls back when the handle lets go.
+            None => self.record_failure(&write, &text, prior_attempts).await,
+        };
         tracing::warn!(group = %config.group, message = %id, attempts, error = %text,
             "processing failed; rolled back");
         telemetry::inbox_message("failed");
@@ -477,6 +482,27 @@ impl<D: Store> Inbox<D> {
             Failure::Error(error) => InboxError::Failed { attempts, error },
             Failure::Panic(message) => InboxError::Panicked { attempts, message },
         })
+    }
+
+    /// Rolls the work back to the savepoint after the lock and records the failed attempt
+    /// in the same transaction, so the count is up to date before the lock is released;
+    /// if that fails, rolls back and records in a transaction of its own.
+    async fn fail_under_lock(
+        &self,
+        conn: D::Conn,
+        write: &InboxWrite<'_>,
+        error: &str,
+        prior: i32,
+    ) -> u32 {
+        match D::inbox_fail(conn, write, error).await {
+            Ok(Some(attempts)) => u32::try_from(attempts).unwrap_or(0),
+            Ok(None) => u32::try_from(prior + 1).unwrap_or(0),
+            Err(e) => {
+                tracing::warn!(error = %crate::error::Chain(&e),
+                    "could not record a failed attempt under the message's lock");
+                self.record_failure(write, error, prior).await
+            }
+        }
     }
 
     /// Records a failed attempt in a short transaction of its own; best effort, since the

@@ -447,7 +447,81 @@ async fn a_scheduled_slot_runs_once_across_schedulers_and_again_after_a_crash<D:
     assert_eq!(db.orders().await, 2);
 }
 
+/// A worker waiting for a message while another one fails it sees that failure before it
+/// runs: the failed attempt is recorded under the message's lock, so with `max_attempts(1)`
+/// the waiting worker gives up instead of running the work a second time.
+async fn a_waiting_worker_sees_the_failed_attempt_before_it_runs<D: Driver>() {
+    let db = TestDb::new(4).await;
+    let inbox = Inbox::new(D::pool(&db), "coupons").max_attempts(1);
+    let gate = Arc::new(Semaphore::new(0));
+    let first = tokio::spawn({
+        let (inbox, gate) = (inbox.clone(), Arc::clone(&gate));
+        async move {
+            inbox
+                .process("poison", |mut tx| async move {
+                    grant(&mut tx, 1).await?;
+                    gate.acquire().await.unwrap().forget();
+                    Err::<(), _>(Error::TransactionEnded)
+                })
+                .await
+        }
+    });
+    // The first worker holds the message's lock.
+    eventually("the first worker inside its work", async || {
+        gate.available_permits() == 0 && db.advisory_locks().await > 0
+    })
+    .await;
+    let second_ran = Arc::new(AtomicUsize::new(0));
+    let second = tokio::spawn({
+        let (inbox, second_ran) = (inbox.clone(), Arc::clone(&second_ran));
+        async move {
+            inbox
+                .process("poison", |mut tx| async move {
+                    second_ran.fetch_add(1, Ordering::SeqCst);
+                    grant(&mut tx, 2).await
+                })
+                .await
+        }
+    });
+    // The second worker waits for the lock before the first one fails.
+    let waiting = "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                   WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1";
+    eventually("the second worker waiting for the lock", async || {
+        let count: i64 = db
+            .admin
+            .query_one(waiting, &[&db.schema])
+            .await
+            .unwrap()
+            .get(0);
+        count > 0
+    })
+    .await;
+    gate.add_permits(1);
+    assert!(matches!(
+        first.await.unwrap(),
+        Err(InboxError::Failed { attempts: 1, .. })
+    ));
+    let outcome = second.await.unwrap().unwrap();
+    assert!(
+        matches!(outcome, Outcome::GaveUp { attempts: 1, .. }),
+        "the waiting worker saw the failure: {outcome:?}"
+    );
+    assert_eq!(
+        second_ran.load(Ordering::SeqCst),
+        0,
+        "and did not run the work"
+    );
+    assert_eq!(db.orders().await, 0);
+    let row = record(&db, "coupons", "poison").await.unwrap();
+    assert_eq!(
+        (row.get::<_, String>(0), row.get::<_, i32>(1)),
+        ("FAILED".to_owned(), 1)
+    );
+}
+
 for_each_driver! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_waiting_worker_sees_the_failed_attempt_before_it_runs;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async a_scheduled_slot_runs_once_across_schedulers_and_again_after_a_crash;
     #[tokio::test]

@@ -94,6 +94,17 @@ async fn order<T: TestTx>(
     }
 }
 
+/// A handler that takes both modes' extractors.
+async fn both<T: TestTx>(
+    Extension(seen): Extension<Arc<Seen>>,
+    mut tx: T,
+    _lease: IdempotentLease,
+) -> StatusCode {
+    seen.calls.fetch_add(1, Ordering::SeqCst);
+    tx.insert_order(1, 1).await.unwrap();
+    StatusCode::CREATED
+}
+
 fn app<D: Driver>(
     db: &TestDb,
     seen: &Arc<Seen>,
@@ -102,6 +113,7 @@ fn app<D: Driver>(
     Router::new()
         .route("/charges", post(charge))
         .route("/orders", post(order::<D::Tx>))
+        .route("/both", post(both::<D::Tx>))
         .layer(layer(IdempotencyLayer::new(D::pool(db))))
         .layer(Extension(Arc::clone(seen)))
 }
@@ -479,7 +491,32 @@ fn only_a_takeover_counts_as_one<D: Driver>() {
     });
 }
 
+/// A handler that takes `IdempotentTx` and `IdempotentLease` is refused with its own code
+/// and message, runs nothing and leaves nothing behind.
+async fn a_handler_with_both_extractors_is_refused_with_its_own_code<D: Driver>() {
+    let db = TestDb::new(2).await;
+    let seen = Seen::new(None);
+    let app = app::<D>(&db, &seen, |layer| layer);
+    let answer = send(&app, post_json("/both", Some("both-1"), &json!({}))).await;
+    assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(answer.problem_code(), "conflicting_extractors");
+    let detail = answer.json()["detail"].as_str().unwrap().to_owned();
+    assert!(
+        detail.contains("IdempotentTx") && detail.contains("IdempotentLease"),
+        "{detail}"
+    );
+    assert_eq!(
+        seen.calls.load(Ordering::SeqCst),
+        0,
+        "the handler did not run"
+    );
+    assert_eq!((db.orders().await, db.records().await), (0, 0));
+    db.assert_settles().await;
+}
+
 for_each_driver! {
+    #[tokio::test]
+    async a_handler_with_both_extractors_is_refused_with_its_own_code;
     #[tokio::test]
     async lease_commits_processing_first_and_success_after;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

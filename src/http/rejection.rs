@@ -66,13 +66,17 @@ pub enum RejectionKind {
     /// [`IdempotencyLayer::key_attempt_limit`](crate::IdempotencyLayer::key_attempt_limit)
     /// allows; refused before the database was asked (429, with `Retry-After: 1`).
     TooManyAttempts,
+    /// One handler took both [`IdempotentTx`](crate::IdempotentTx) (atomic mode) and
+    /// [`IdempotentLease`](crate::IdempotentLease) (lease mode): a key is claimed in one
+    /// mode. Nothing was done (500).
+    ConflictingExtractors,
 }
 
 impl RejectionKind {
     /// Every kind, in declaration order: the source of the `code` values the OpenAPI
     /// declarations list per status.
     #[cfg_attr(not(feature = "utoipa"), allow(dead_code))]
-    pub(crate) const ALL: [Self; 20] = [
+    pub(crate) const ALL: [Self; 21] = [
         Self::MissingKey,
         Self::InvalidKey,
         Self::PayloadTooLarge,
@@ -93,6 +97,7 @@ impl RejectionKind {
         Self::MethodNotCovered,
         Self::DatabaseError,
         Self::TooManyAttempts,
+        Self::ConflictingExtractors,
     ];
 
     /// The status code of the default response.
@@ -114,7 +119,8 @@ impl RejectionKind {
             | Self::LayerMissing
             | Self::MethodNotCovered
             | Self::SchemaMissing
-            | Self::DatabaseError => StatusCode::INTERNAL_SERVER_ERROR,
+            | Self::DatabaseError
+            | Self::ConflictingExtractors => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -141,6 +147,7 @@ impl RejectionKind {
             Self::MethodNotCovered => "method_not_covered",
             Self::DatabaseError => "database_error",
             Self::TooManyAttempts => "too_many_attempts",
+            Self::ConflictingExtractors => "conflicting_extractors",
         }
     }
 }
@@ -376,6 +383,7 @@ mod tests {
             RejectionKind::MethodNotCovered => 17,
             RejectionKind::DatabaseError => 18,
             RejectionKind::TooManyAttempts => 19,
+            RejectionKind::ConflictingExtractors => 20,
         };
         for (index, kind) in RejectionKind::ALL.into_iter().enumerate() {
             assert_eq!(position(kind), index, "{kind:?}");

@@ -112,8 +112,10 @@ impl<D: Store> RequestState<D> {
     pub(crate) fn first_claim(&self) -> Result<(), Rejection> {
         if self.claimed.swap(true, Ordering::AcqRel) {
             return Err(Rejection::new(
-                RejectionKind::TransactionLeaked,
-                "this request's key was already claimed by another extractor",
+                RejectionKind::ConflictingExtractors,
+                "this request's key was already claimed by another extractor of the handler: \
+                 a handler takes IdempotentTx (atomic mode) or one IdempotentLease (lease \
+                 mode), not both",
             ));
         }
         Ok(())

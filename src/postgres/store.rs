@@ -95,6 +95,7 @@ async fn begin_wait_and_look_up(
     wait: Duration,
     lookup: &'static Sql,
     lookup_params: &[&(dyn ToSql + Sync)],
+    savepoint: Option<&'static str>,
 ) -> Result<Option<Option<Row>>, Error> {
     let set_timeout = db.prepare(&db::SET_LOCK_TIMEOUT).await?;
     let lock = db.prepare(&db::WAIT_LOCK).await?;
@@ -103,13 +104,19 @@ async fn begin_wait_and_look_up(
     let timeout = lock_timeout(wait);
     let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
     let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
-    let (begin, timeout_set, locked, reset, found) = tokio::join!(
+    let (begin, timeout_set, locked, reset, found, saved) = tokio::join!(
         biased;
         client.batch_execute("BEGIN"),
         db.query_one(&set_timeout, &timeout_params),
         db.query_one(&lock, &lock_params),
         client.batch_execute(sql::RESET_LOCK_TIMEOUT),
         db.query_opt(&lookup, lookup_params),
+        async {
+            match savepoint {
+                Some(savepoint) => client.batch_execute(savepoint).await,
+                None => Ok(()),
+            }
+        },
     );
     begin?;
     timeout_set?;
@@ -118,7 +125,9 @@ async fn begin_wait_and_look_up(
         locked => locked?,
     };
     reset?;
-    Ok(Some(found?))
+    let found = found?;
+    saved?;
+    Ok(Some(found))
 }
 
 impl Store for PgStore {
@@ -188,7 +197,7 @@ impl Store for PgStore {
             return Ok((Claim::decide(locked, found, fingerprint), conn));
         };
         let Some(found) =
-            begin_wait_and_look_up(db, lock_key, wait, &db::LOOKUP, &lookup_params).await?
+            begin_wait_and_look_up(db, lock_key, wait, &db::LOOKUP, &lookup_params, None).await?
         else {
             return Ok((Claim::InFlight, conn));
         };
@@ -374,9 +383,15 @@ impl Store for PgStore {
         let conn = TxConn::new(self.checkout().await?, self.prepared);
         let db = self.db(conn.pooled());
         let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
-        let Some(found) =
-            begin_wait_and_look_up(db, id.lock_key(), wait, &db::INBOX_LOOKUP, &lookup_params)
-                .await?
+        let Some(found) = begin_wait_and_look_up(
+            db,
+            id.lock_key(),
+            wait,
+            &db::INBOX_LOOKUP,
+            &lookup_params,
+            Some(sql::INBOX_WORK_SAVEPOINT),
+        )
+        .await?
         else {
             return Ok(InboxClaim::Busy);
         };
@@ -420,6 +435,37 @@ impl Store for PgStore {
         committed?;
         conn.mark_ended();
         Ok(())
+    }
+
+    /// Back to the savepoint first (the work may have left the transaction aborted, and
+    /// nothing else runs in an aborted one), then the record and `COMMIT` pipelined.
+    async fn inbox_fail(
+        mut conn: TxConn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        let db = Db::new(conn.pooled(), conn.prepared());
+        db.client().batch_execute(sql::INBOX_ROLLBACK_WORK).await?;
+        let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
+        let retention = write.retention.as_secs_f64();
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &write.group,
+            &write.message_id,
+            &write.payload_digest,
+            &write.payload,
+            &write.payload_key_id,
+            &error,
+            &retention,
+        ];
+        let (row, committed) = tokio::join!(
+            biased;
+            db.query_opt(&statement, &params),
+            db.client().batch_execute("COMMIT"),
+        );
+        let row = row?;
+        committed?;
+        conn.mark_ended();
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
 
     async fn inbox_record_failure(

@@ -396,6 +396,9 @@ impl Store for SqlxStore {
             .bind(message_id)
             .fetch_optional(conn.connection_mut())
             .await?;
+        conn.connection_mut()
+            .execute(sql::INBOX_WORK_SAVEPOINT)
+            .await?;
         let record = match found {
             Some(row) => Some(InboxRecord {
                 succeeded: row.try_get(0)?,
@@ -427,6 +430,28 @@ impl Store for SqlxStore {
         let tx = conn.tx.take().expect("an open transaction");
         tx.commit().await?;
         Ok(())
+    }
+
+    async fn inbox_fail(
+        mut conn: SqlxConn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        conn.connection_mut()
+            .execute(sql::INBOX_ROLLBACK_WORK)
+            .await?;
+        let row = statement(sql::INBOX_RECORD_FAILURE, conn.persistent)
+            .bind(write.group)
+            .bind(write.message_id)
+            .bind(write.payload_digest)
+            .bind(write.payload)
+            .bind(write.payload_key_id)
+            .bind(error)
+            .bind(write.retention.as_secs_f64())
+            .fetch_optional(conn.connection_mut())
+            .await?;
+        conn.commit().await?;
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
 
     async fn inbox_record_failure(

@@ -103,7 +103,8 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
         end: LeaseEnd,
     ) -> impl Future<Output = Result<bool, Error>> + Send;
 
-    /// Begins a message's transaction, waits (bounded) for its lock and reads its record.
+    /// Begins a message's transaction, waits (bounded) for its lock, reads its record and
+    /// takes the savepoint a failed attempt rolls back to.
     #[doc(hidden)]
     fn inbox_claim(
         &self,
@@ -121,8 +122,18 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
         attempts: i32,
     ) -> impl Future<Output = Result<(), Error>> + Send;
 
-    /// Records a failed attempt in a transaction of its own; `None` if the message has
-    /// meanwhile succeeded.
+    /// Rolls the consumer's work back to the savepoint taken after the message's lock,
+    /// records the failed attempt under that lock and commits; `None` if the message has
+    /// succeeded (it cannot, under the lock).
+    #[doc(hidden)]
+    fn inbox_fail(
+        conn: Self::Conn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
+
+    /// Records a failed attempt in a transaction of its own (when the work kept its
+    /// transaction); `None` if the message has meanwhile succeeded.
     #[doc(hidden)]
     fn inbox_record_failure(
         &self,

@@ -85,6 +85,11 @@ pub(crate) const LEASE_COMPLETE: &str = "UPDATE idempotency_records SET \
     locked_until = NULL, updated_at = now(), expires_at = now() + make_interval(secs => $9) \
     WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING'";
 
+/// Taken right after an inbox message's lock: a failed attempt rolls back to it, keeping
+/// the lock, and records the failure in the same transaction.
+pub(crate) const INBOX_WORK_SAVEPOINT: &str = "SAVEPOINT axum_idempotency_work";
+/// Discards the consumer's work of a failed attempt, keeping the message's lock.
+pub(crate) const INBOX_ROLLBACK_WORK: &str = "ROLLBACK TO SAVEPOINT axum_idempotency_work";
 /// An inbox record under its lock. `$1` group, `$2` message id.
 pub(crate) const INBOX_LOOKUP: &str = "SELECT status = 'SUCCESS', attempts, last_error, \
     expires_at > now(), payload_digest FROM inbox_messages \
