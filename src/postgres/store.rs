@@ -448,15 +448,7 @@ impl Store for PgStore {
         db.client().batch_execute(sql::INBOX_ROLLBACK_WORK).await?;
         let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
         let retention = write.retention.as_secs_f64();
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &write.group,
-            &write.message_id,
-            &write.payload_digest,
-            &write.payload,
-            &write.payload_key_id,
-            &error,
-            &retention,
-        ];
+        let params = failure_params(write, &error, &retention);
         let (row, committed) = tokio::join!(
             biased;
             db.query_opt(&statement, &params),
@@ -477,15 +469,7 @@ impl Store for PgStore {
         let db = self.db(&*conn);
         let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
         let retention = write.retention.as_secs_f64();
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &write.group,
-            &write.message_id,
-            &write.payload_digest,
-            &write.payload,
-            &write.payload_key_id,
-            &error,
-            &retention,
-        ];
+        let params = failure_params(write, &error, &retention);
         let row = db.query_opt(&statement, &params).await?;
         Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
@@ -588,6 +572,23 @@ impl Store for PgStore {
     fn handle(shared: &Arc<SharedTx<TxConn>>) -> Option<IdempotentTx> {
         Some(IdempotentTx::new(shared.count_handle()))
     }
+}
+
+/// The parameters of `sql::INBOX_RECORD_FAILURE`.
+fn failure_params<'a>(
+    write: &'a InboxWrite<'_>,
+    error: &'a &str,
+    retention: &'a f64,
+) -> [&'a (dyn ToSql + Sync); 7] {
+    [
+        &write.group,
+        &write.message_id,
+        &write.payload_digest,
+        &write.payload,
+        &write.payload_key_id,
+        error,
+        retention,
+    ]
 }
 
 fn record_info(row: &Row) -> Result<RecordInfo, tokio_postgres::Error> {

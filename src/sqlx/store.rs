@@ -440,14 +440,7 @@ impl Store for SqlxStore {
         conn.connection_mut()
             .execute(sql::INBOX_ROLLBACK_WORK)
             .await?;
-        let row = statement(sql::INBOX_RECORD_FAILURE, conn.persistent)
-            .bind(write.group)
-            .bind(write.message_id)
-            .bind(write.payload_digest)
-            .bind(write.payload)
-            .bind(write.payload_key_id)
-            .bind(error)
-            .bind(write.retention.as_secs_f64())
+        let row = record_failure(write, error, conn.persistent)
             .fetch_optional(conn.connection_mut())
             .await?;
         conn.commit().await?;
@@ -459,15 +452,7 @@ impl Store for SqlxStore {
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
-        let row = self
-            .query(sql::INBOX_RECORD_FAILURE)
-            .bind(write.group)
-            .bind(write.message_id)
-            .bind(write.payload_digest)
-            .bind(write.payload)
-            .bind(write.payload_key_id)
-            .bind(error)
-            .bind(write.retention.as_secs_f64())
+        let row = record_failure(write, error, self.persistent)
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(|row| row.try_get(0)).transpose()?)
@@ -565,6 +550,22 @@ impl Store for SqlxStore {
         let guard = shared.try_write_owned()?;
         Some(IdempotentTx::new(guard, shared.count_handle()))
     }
+}
+
+/// `sql::INBOX_RECORD_FAILURE` with its parameters bound.
+fn record_failure(
+    write: &InboxWrite<'_>,
+    error: &str,
+    persistent: bool,
+) -> Query<'static, Postgres, PgArguments> {
+    statement(sql::INBOX_RECORD_FAILURE, persistent)
+        .bind(write.group)
+        .bind(write.message_id)
+        .bind(write.payload_digest)
+        .bind(write.payload)
+        .bind(write.payload_key_id)
+        .bind(error)
+        .bind(write.retention.as_secs_f64())
 }
 
 fn record_info(row: &PgRow) -> Result<RecordInfo, ::sqlx::Error> {
