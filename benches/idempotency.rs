@@ -400,12 +400,14 @@ mod ceiling {
                 committed.unwrap();
             }
             Variant::SqlxNew => {
-                // One statement a round trip, the claim function after BEGIN.
+                // One statement a round trip: the lookup, then the claim function after BEGIN.
                 let id = fresh_id();
-                let (claim, insert) = (
+                let (lookup, claim, insert) = (
+                    client.prepare_cached(LOOKUP).await.unwrap(),
                     client.prepare_cached(CLAIM).await.unwrap(),
                     client.prepare_cached(INSERT_RECORD).await.unwrap(),
                 );
+                client.query_opt(&lookup, &[&id]).await.unwrap();
                 client.batch_execute("BEGIN").await.unwrap();
                 client
                     .query_one(&claim, &[&id, &lock_key(id)])
@@ -422,22 +424,12 @@ mod ceiling {
                     .unwrap();
                 client.batch_execute("COMMIT").await.unwrap();
             }
-            Variant::Replay => {
+            Variant::Replay | Variant::SqlxReplay => {
                 let lookup = client.prepare_cached(LOOKUP).await.unwrap();
                 client
                     .query_opt(&lookup, &[&replay.unwrap()])
                     .await
                     .unwrap();
-            }
-            Variant::SqlxReplay => {
-                let claim = client.prepare_cached(CLAIM).await.unwrap();
-                let id = replay.unwrap();
-                client.batch_execute("BEGIN").await.unwrap();
-                client
-                    .query_one(&claim, &[&id, &lock_key(id)])
-                    .await
-                    .unwrap();
-                client.batch_execute("ROLLBACK").await.unwrap();
             }
             Variant::LeaseNew => {
                 let id = fresh_id();

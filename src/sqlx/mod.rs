@@ -25,9 +25,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! sqlx cannot pipeline, so each step costs a round trip per statement: the claim is
-//! `BEGIN`, then the claim function (two round trips where tokio-postgres needs one), the
-//! completion the record's insert, then `COMMIT`. The semantics are the same: the claim
+//! sqlx cannot pipeline, so each step costs a round trip per statement: the claim is the
+//! record's lookup outside any transaction (all a replay needs), then, on the same
+//! connection, `BEGIN` and the claim function (three round trips where tokio-postgres
+//! needs two); the completion is the record's insert, then `COMMIT`. The semantics are the same: the claim
 //! takes the key's lock before it reads the record, `COMMIT` carries the record, and a
 //! connection goes back to the pool only after its transaction ended — an
 //! `sqlx::Transaction` that is dropped unfinished rolls back before its connection is

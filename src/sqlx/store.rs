@@ -1,5 +1,5 @@
 //! [`Store`] for sqlx: the same statements as the tokio-postgres driver, one round trip
-//! each.
+//! each (so the claim after the first lookup is one call of the claim function).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,6 +108,15 @@ impl SqlxStore {
             persistent: self.persistent,
             pool: self.pool.clone(),
         })
+    }
+
+    /// A connection that holds no transaction: the answer needed none.
+    fn ended(&self) -> SqlxConn {
+        SqlxConn {
+            tx: None,
+            persistent: self.persistent,
+            pool: self.pool.clone(),
+        }
     }
 
     pub(super) async fn rows<T>(
@@ -220,7 +229,10 @@ impl Store for SqlxStore {
         }
     }
 
-    /// `BEGIN`, then the claim function — or, with `wait`, the bounded lock wait and the
+    /// By default, first a lookup outside any transaction (a replay, a 422 or a 409 for a
+    /// leased key needs nothing more), then `BEGIN` and the claim function on the same
+    /// connection — one checkout, so a new key pays no second checkout (nor the pool's
+    /// `test_before_acquire` ping). With `wait`, `BEGIN`, the bounded lock wait and the
     /// lookup after it.
     async fn claim(
         &self,
@@ -228,9 +240,26 @@ impl Store for SqlxStore {
         fingerprint: Fingerprint,
         wait: Option<Duration>,
     ) -> Result<(Claim, SqlxConn), Error> {
-        let mut conn = self.begin().await?;
         let lock_key = id.lock_key();
         let Some(wait) = wait else {
+            let mut pooled = self.pool.acquire().await?;
+            let peeked = self
+                .query(sql::LOOKUP)
+                .bind(id)
+                .fetch_optional(&mut *pooled)
+                .await?;
+            let peeked = peeked.map(|row| record_row(&row, 9)).transpose()?;
+            if let Some(claim) = Claim::from_peek(peeked) {
+                // Outside any transaction: the connection goes back to the pool as it is.
+                return Ok((claim, self.ended()));
+            }
+            // `Transaction::begin` is how `Pool::begin` starts its transaction on a
+            // connection it owns; here the connection is the one just used.
+            let mut conn = SqlxConn {
+                tx: Some(Transaction::begin(pooled, None).await?),
+                persistent: self.persistent,
+                pool: self.pool.clone(),
+            };
             let row = self
                 .query(sql::CLAIM)
                 .bind(id)
@@ -246,6 +275,7 @@ impl Store for SqlxStore {
             };
             return Ok((Claim::decide(locked, found, fingerprint), conn));
         };
+        let mut conn = self.begin().await?;
         match wait_lock(conn.connection_mut(), lock_key, wait, self.persistent).await {
             Err(e) if timed_out(&e) => return Ok((Claim::InFlight, conn)),
             locked => locked?,
