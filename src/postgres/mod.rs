@@ -3,14 +3,16 @@
 //! or your own through [`ClientPool`] — and [`IdempotentTx`], the handle its handlers
 //! run their statements through.
 //!
-//! The fastest driver: the claim is `BEGIN` and one statement pipelined in one round trip,
-//! the completion is the record's insert and `COMMIT` pipelined in another. Statements are
+//! The fastest driver: the claim is a lookup outside any transaction (all a replay needs),
+//! then `BEGIN`, the lock attempt and the lookup again pipelined in one round trip; the
+//! completion is the record's insert and `COMMIT` pipelined in another. Statements are
 //! prepared once per connection where the pool keeps a statement cache (deadpool); with a
 //! pool that does not (bb8), or with `prepared_statements(false)`, they are sent
 //! unprepared with their parameter types — the same round trips, planned each time.
 
 mod conn;
 mod db;
+mod inbox;
 mod migrate;
 mod outbox;
 mod pool;

@@ -18,8 +18,8 @@ use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
 use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
 use crate::engine::record::{
-    Claim, CommitError, Completion, InboxClaim, InboxRecord, InboxWrite, LeaseClaim, LeaseEnd,
-    NewRecord, RecordRow, StaleSummary, SweepBatch,
+    Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord,
+    RecordRow, StaleSummary, SweepBatch,
 };
 use crate::engine::shared_tx::SharedTx;
 use crate::store::{Store, sql};
@@ -89,7 +89,7 @@ fn lock_timeout(wait: Duration) -> String {
 /// `BEGIN`, the key's lock awaited for at most `wait`, and `lookup` after it, pipelined in
 /// one round trip; `Ok(None)` when the lock was not granted in time (the transaction is
 /// then aborted, and rolls back when the connection is dropped).
-async fn begin_wait_and_look_up(
+pub(super) async fn begin_wait_and_look_up(
     db: Db<'_>,
     lock_key: i64,
     wait: Duration,
@@ -372,7 +372,6 @@ impl Store for PgStore {
         Ok(db.execute(&complete, &params).await? == 1)
     }
 
-    /// One round trip once prepared.
     async fn inbox_claim(
         &self,
         id: RecordId,
@@ -380,84 +379,23 @@ impl Store for PgStore {
         message_id: &str,
         wait: Duration,
     ) -> Result<InboxClaim<TxConn>, Error> {
-        let conn = TxConn::new(self.checkout().await?, self.prepared);
-        let db = self.db(conn.pooled());
-        let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
-        let Some(found) = begin_wait_and_look_up(
-            db,
-            id.lock_key(),
-            wait,
-            &db::INBOX_LOOKUP,
-            &lookup_params,
-            Some(sql::INBOX_WORK_SAVEPOINT),
-        )
-        .await?
-        else {
-            return Ok(InboxClaim::Busy);
-        };
-        let record = match found {
-            Some(row) => Some(InboxRecord {
-                succeeded: row.try_get(0)?,
-                attempts: row.try_get(1)?,
-                last_error: row.try_get(2)?,
-                live: row.try_get(3)?,
-                payload_digest: row.try_get(4)?,
-            }),
-            None => None,
-        };
-        Ok(InboxClaim::Locked(conn, record))
+        super::inbox::claim(self, id, group, message_id, wait).await
     }
 
-    /// Pipelined in one round trip.
     async fn inbox_commit(
         conn: &mut TxConn,
         write: &InboxWrite<'_>,
         attempts: i32,
     ) -> Result<(), Error> {
-        let db = Db::new(conn.pooled(), conn.prepared());
-        let statement = db.prepare(&db::INBOX_RECORD_SUCCESS).await?;
-        let retention = write.retention.as_secs_f64();
-        let params: [&(dyn ToSql + Sync); 7] = [
-            &write.group,
-            &write.message_id,
-            &attempts,
-            &write.payload_digest,
-            &write.payload,
-            &write.payload_key_id,
-            &retention,
-        ];
-        let (written, committed) = tokio::join!(
-            biased;
-            db.execute(&statement, &params),
-            db.client().batch_execute("COMMIT"),
-        );
-        written?;
-        committed?;
-        conn.mark_ended();
-        Ok(())
+        super::inbox::commit(conn, write, attempts).await
     }
 
-    /// Back to the savepoint first (the work may have left the transaction aborted, and
-    /// nothing else runs in an aborted one), then the record and `COMMIT` pipelined.
     async fn inbox_fail(
-        mut conn: TxConn,
+        conn: TxConn,
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
-        let db = Db::new(conn.pooled(), conn.prepared());
-        db.client().batch_execute(sql::INBOX_ROLLBACK_WORK).await?;
-        let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
-        let retention = write.retention.as_secs_f64();
-        let params = failure_params(write, &error, &retention);
-        let (row, committed) = tokio::join!(
-            biased;
-            db.query_opt(&statement, &params),
-            db.client().batch_execute("COMMIT"),
-        );
-        let row = row?;
-        committed?;
-        conn.mark_ended();
-        Ok(row.map(|row| row.try_get(0)).transpose()?)
+        super::inbox::fail(conn, write, error).await
     }
 
     async fn inbox_record_failure(
@@ -465,13 +403,7 @@ impl Store for PgStore {
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
-        let conn = self.checkout().await?;
-        let db = self.db(&*conn);
-        let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
-        let retention = write.retention.as_secs_f64();
-        let params = failure_params(write, &error, &retention);
-        let row = db.query_opt(&statement, &params).await?;
-        Ok(row.map(|row| row.try_get(0)).transpose()?)
+        super::inbox::record_failure(self, write, error).await
     }
 
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
@@ -572,23 +504,6 @@ impl Store for PgStore {
     fn handle(shared: &Arc<SharedTx<TxConn>>) -> Option<IdempotentTx> {
         Some(IdempotentTx::new(shared.count_handle()))
     }
-}
-
-/// The parameters of `sql::INBOX_RECORD_FAILURE`.
-fn failure_params<'a>(
-    write: &'a InboxWrite<'_>,
-    error: &'a &str,
-    retention: &'a f64,
-) -> [&'a (dyn ToSql + Sync); 7] {
-    [
-        &write.group,
-        &write.message_id,
-        &write.payload_digest,
-        &write.payload,
-        &write.payload_key_id,
-        error,
-        retention,
-    ]
 }
 
 fn record_info(row: &Row) -> Result<RecordInfo, tokio_postgres::Error> {

@@ -39,6 +39,7 @@
 //! one cannot see the SQL a handler sends through `&mut *tx`: do not end the transaction
 //! yourself (nested `sqlx::Connection::begin` savepoints are fine).
 
+mod inbox;
 mod outbox;
 mod store;
 mod tx;

@@ -17,8 +17,8 @@ use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
 use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
 use crate::engine::record::{
-    Claim, CommitError, Completion, InboxClaim, InboxRecord, InboxWrite, LeaseClaim, LeaseEnd,
-    NewRecord, RecordRow, StaleSummary, SweepBatch,
+    Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord,
+    RecordRow, StaleSummary, SweepBatch,
 };
 use crate::engine::shared_tx::SharedTx;
 use crate::store::{Store, migrations, sql};
@@ -65,7 +65,7 @@ impl SqlxConn {
     }
 
     /// Commits the transaction.
-    pub(super) async fn commit(mut self) -> Result<(), ::sqlx::Error> {
+    pub(super) async fn commit(&mut self) -> Result<(), ::sqlx::Error> {
         self.tx.take().expect("an open transaction").commit().await
     }
 
@@ -139,7 +139,7 @@ pub(super) fn statement(
 /// Waits (bounded by `wait`) for the key's lock on `conn`'s transaction, then resets the
 /// timeout for the statements after it. A lock not granted in time is the error
 /// [`timed_out`] recognises (and aborts the transaction).
-async fn wait_lock(
+pub(super) async fn wait_lock(
     conn: &mut PgConnection,
     lock_key: i64,
     wait: Duration,
@@ -157,7 +157,7 @@ async fn wait_lock(
     Ok(())
 }
 
-fn timed_out(error: &::sqlx::Error) -> bool {
+pub(super) fn timed_out(error: &::sqlx::Error) -> bool {
     sql_state(error).as_deref() == Some(LOCK_NOT_AVAILABLE)
 }
 
@@ -415,31 +415,7 @@ impl Store for SqlxStore {
         message_id: &str,
         wait: Duration,
     ) -> Result<InboxClaim<SqlxConn>, Error> {
-        let mut conn = self.begin().await?;
-        match wait_lock(conn.connection_mut(), id.lock_key(), wait, self.persistent).await {
-            Err(e) if timed_out(&e) => return Ok(InboxClaim::Busy),
-            locked => locked?,
-        }
-        let found = self
-            .query(sql::INBOX_LOOKUP)
-            .bind(group)
-            .bind(message_id)
-            .fetch_optional(conn.connection_mut())
-            .await?;
-        conn.connection_mut()
-            .execute(sql::INBOX_WORK_SAVEPOINT)
-            .await?;
-        let record = match found {
-            Some(row) => Some(InboxRecord {
-                succeeded: row.try_get(0)?,
-                attempts: row.try_get(1)?,
-                last_error: row.try_get(2)?,
-                live: row.try_get(3)?,
-                payload_digest: row.try_get(4)?,
-            }),
-            None => None,
-        };
-        Ok(InboxClaim::Locked(conn, record))
+        super::inbox::claim(self, id, group, message_id, wait).await
     }
 
     async fn inbox_commit(
@@ -447,34 +423,15 @@ impl Store for SqlxStore {
         write: &InboxWrite<'_>,
         attempts: i32,
     ) -> Result<(), Error> {
-        statement(sql::INBOX_RECORD_SUCCESS, conn.persistent)
-            .bind(write.group)
-            .bind(write.message_id)
-            .bind(attempts)
-            .bind(write.payload_digest)
-            .bind(write.payload)
-            .bind(write.payload_key_id)
-            .bind(write.retention.as_secs_f64())
-            .execute(conn.connection_mut())
-            .await?;
-        let tx = conn.tx.take().expect("an open transaction");
-        tx.commit().await?;
-        Ok(())
+        super::inbox::commit(conn, write, attempts).await
     }
 
     async fn inbox_fail(
-        mut conn: SqlxConn,
+        conn: SqlxConn,
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
-        conn.connection_mut()
-            .execute(sql::INBOX_ROLLBACK_WORK)
-            .await?;
-        let row = record_failure(write, error, conn.persistent)
-            .fetch_optional(conn.connection_mut())
-            .await?;
-        conn.commit().await?;
-        Ok(row.map(|row| row.try_get(0)).transpose()?)
+        super::inbox::fail(conn, write, error).await
     }
 
     async fn inbox_record_failure(
@@ -482,10 +439,7 @@ impl Store for SqlxStore {
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
-        let row = record_failure(write, error, self.persistent)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|row| row.try_get(0)).transpose()?)
+        super::inbox::record_failure(self, write, error).await
     }
 
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
@@ -580,22 +534,6 @@ impl Store for SqlxStore {
         let guard = shared.try_write_owned()?;
         Some(IdempotentTx::new(guard, shared.count_handle()))
     }
-}
-
-/// `sql::INBOX_RECORD_FAILURE` with its parameters bound.
-fn record_failure(
-    write: &InboxWrite<'_>,
-    error: &str,
-    persistent: bool,
-) -> Query<'static, Postgres, PgArguments> {
-    statement(sql::INBOX_RECORD_FAILURE, persistent)
-        .bind(write.group)
-        .bind(write.message_id)
-        .bind(write.payload_digest)
-        .bind(write.payload)
-        .bind(write.payload_key_id)
-        .bind(error)
-        .bind(write.retention.as_secs_f64())
 }
 
 fn record_info(row: &PgRow) -> Result<RecordInfo, ::sqlx::Error> {
