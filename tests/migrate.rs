@@ -96,6 +96,33 @@ async fn a_newer_schema_is_refused<D: Driver>() {
         }) => {}
         other => panic!("expected UnknownSchemaVersion, got {other:?}"),
     }
+    assert!(
+        table_is_free_now(format!("{}.axum_idempotency_migrations", db.schema)),
+        "the refused migration left its transaction (and its locks) open"
+    );
+}
+
+/// Whether another session can take `table` exclusively right now. Asked from a thread of
+/// its own while this test's runtime is blocked, so nothing the refused call left to run
+/// in the background can release a lock first.
+fn table_is_free_now(table: String) -> bool {
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let admin = connect(&database_url()).await;
+            admin
+                .batch_execute(&format!(
+                    "BEGIN; LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE NOWAIT; ROLLBACK"
+                ))
+                .await
+                .is_ok()
+        })
+    })
+    .join()
+    .unwrap()
 }
 
 /// `check_schema` tells, before the first request, whether `migrate` has run: never,

@@ -13,8 +13,23 @@ pub(super) async fn run(conn: Box<dyn PooledClient>) -> Result<(), Error> {
     // setting: everything runs in one transaction (so on one server connection), and
     // only as simple queries and unnamed typed statements — nothing prepared survives
     // the transaction.
-    let conn = TxConn::new(conn, false);
-    let client = conn.client();
+    let mut conn = TxConn::new(conn, false);
+    match apply(conn.client()).await {
+        Ok(()) => {
+            conn.mark_ended();
+            Ok(())
+        }
+        Err(error) => {
+            // Roll back before answering, so the connection is back in its pool, without
+            // the migration lock or any table lock, by the time the caller sees the error.
+            conn.rollback().await;
+            Err(error)
+        }
+    }
+}
+
+/// `BEGIN`, the migration lock, the pending migrations, `COMMIT`.
+async fn apply(client: &tokio_postgres::Client) -> Result<(), Error> {
     client.batch_execute("BEGIN").await?;
     client
         .execute_typed(
@@ -45,7 +60,5 @@ pub(super) async fn run(conn: Box<dyn PooledClient>) -> Result<(), Error> {
         );
     }
     client.batch_execute("COMMIT").await?;
-    let mut conn = conn;
-    conn.mark_ended();
     Ok(())
 }
