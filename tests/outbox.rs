@@ -764,6 +764,75 @@ async fn a_listening_relay_wakes_on_commit_and_a_polling_one_still_delivers() {
     queue.delete().await;
 }
 
+/// `listen_with_tls`: the LISTEN connection is encrypted (PostgreSQL's `pg_stat_ssl` says
+/// so for the backend that listens), and a COMMIT still wakes the relay at once.
+#[tokio::test]
+async fn a_relay_listens_over_tls() {
+    let Some(queue) = Queue::new().await else {
+        return;
+    };
+    let db = TestDb::new(4).await;
+    let ssl: String = db.admin.query_one("SHOW ssl", &[]).await.unwrap().get(0);
+    if ssl != "on" {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI's PostgreSQL must have ssl on (Debian's default)"
+        );
+        eprintln!("skipped: this PostgreSQL has ssl off");
+        return;
+    }
+    let application = unique_name("tls_listener");
+    let mut config: tokio_postgres::Config = database_url().parse().unwrap();
+    config
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .application_name(&application);
+    // The server's certificate is the distribution's self-signed one.
+    let tls = native_tls::TlsConnector::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .unwrap();
+    let relay = OutboxRelay::new(db.pool.clone(), RabbitPublisher::new(amqp_url()))
+        .listen_with_tls(config, postgres_native_tls::MakeTlsConnector::new(tls))
+        .poll_interval(Duration::from_secs(60))
+        .spawn();
+    let mut listener = None;
+    for _ in 0..100 {
+        listener = db
+            .admin
+            .query_opt(
+                "SELECT s.ssl FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+                 WHERE a.application_name = $1 AND a.query = 'LISTEN idempotency_outbox'",
+                &[&application],
+            )
+            .await
+            .unwrap()
+            .map(|row| row.get::<_, bool>(0));
+        if listener.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        listener,
+        Some(true),
+        "the LISTEN connection is up and encrypted"
+    );
+    axum_idempotency::postgres::enqueue(
+        &**db.pool.get().await.unwrap(),
+        &OutboxMessage::new(queue.name.as_str(), "woken over tls").id("tls"),
+    )
+    .await
+    .unwrap();
+    // Polling would take 60 s; `take` gives up after 20.
+    let delivered = queue.take(1).await;
+    assert_eq!(
+        (delivered[0].0.as_str(), delivered[0].1.as_slice()),
+        ("tls", b"woken over tls".as_slice())
+    );
+    relay.shutdown().await;
+    queue.delete().await;
+}
+
 /// A nack (a full queue that rejects publishes) and a channel the broker closes over a
 /// message (no such exchange) are refusals: counted, parked after their attempts, and the
 /// same publisher goes on on a new channel. An unreachable broker is counted apart, and

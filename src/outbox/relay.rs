@@ -62,7 +62,7 @@ struct RelayConfig {
     max_retry_delay: Duration,
     max_backoff: Duration,
     publish_timeout: Duration,
-    listen: Option<tokio_postgres::Config>,
+    listen: Option<(tokio_postgres::Config, super::listen::Connect)>,
 }
 
 /// What one [`OutboxRelay::run_once`] did.
@@ -156,13 +156,47 @@ impl<P: Publisher, D: Store> OutboxRelay<P, D> {
     }
 
     /// Wakes the spawned relay within milliseconds of a COMMIT that enqueued messages:
-    /// it keeps a connection of its own (made from `config`, without TLS) that `LISTEN`s
-    /// for the outbox table's trigger, and reconnects when it is lost. Polling stays on as
-    /// the fallback. Not behind PgBouncer in transaction pooling mode: connect `config`
-    /// to PostgreSQL directly, or leave this off and poll. Default: off.
+    /// it keeps a connection of its own (made from `config`, without TLS; see
+    /// [`listen_with_tls`](Self::listen_with_tls)) that `LISTEN`s for the outbox table's
+    /// trigger, and reconnects when it is lost. Polling stays on as the fallback. Not
+    /// behind PgBouncer in transaction pooling mode: connect `config` to PostgreSQL
+    /// directly, or leave this off and poll. Default: off.
     #[must_use]
-    pub fn listen(mut self, config: tokio_postgres::Config) -> Self {
-        self.config.listen = Some(config);
+    pub fn listen(self, config: tokio_postgres::Config) -> Self {
+        self.listen_with_tls(config, tokio_postgres::NoTls)
+    }
+
+    /// [`listen`](Self::listen) over TLS: `tls` is any tokio-postgres TLS connector
+    /// (`postgres_native_tls::MakeTlsConnector`, `tokio_postgres_rustls::MakeRustlsConnect`,
+    /// ...), used for every (re)connection. Whether TLS is required is `config`'s
+    /// `sslmode`.
+    ///
+    /// ```no_run
+    /// # async fn run(pool: deadpool_postgres::Pool, amqp_url: String) -> Result<(), Box<dyn std::error::Error>> {
+    /// use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
+    ///
+    /// let tls = native_tls::TlsConnector::new()?;
+    /// let relay = OutboxRelay::new(pool, RabbitPublisher::new(amqp_url))
+    ///     .listen_with_tls(
+    ///         "host=db.example.com user=app sslmode=require".parse()?,
+    ///         postgres_native_tls::MakeTlsConnector::new(tls),
+    ///     )
+    ///     .spawn();
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn listen_with_tls<T>(mut self, config: tokio_postgres::Config, tls: T) -> Self
+    where
+        T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
+    {
+        self.config.listen = Some((config, super::listen::connector(tls)));
         self
     }
 
@@ -311,8 +345,13 @@ impl<P: Publisher, D: Store> OutboxRelay<P, D> {
     pub fn spawn(self) -> RelayHandle {
         let token = CancellationToken::new();
         let wake = Arc::new(Notify::new());
-        let listener = self.config.listen.clone().map(|config| {
-            tokio::spawn(super::listen::run(config, Arc::clone(&wake), token.clone()))
+        let listener = self.config.listen.clone().map(|(config, connect)| {
+            tokio::spawn(super::listen::run(
+                config,
+                connect,
+                Arc::clone(&wake),
+                token.clone(),
+            ))
         });
         let stop = token.clone();
         let task = tokio::spawn(async move { self.run(&wake, &stop).await });
