@@ -40,6 +40,7 @@
 //! yourself (nested `sqlx::Connection::begin` savepoints are fine).
 
 mod inbox;
+mod migrate;
 mod outbox;
 mod store;
 mod tx;

@@ -21,7 +21,7 @@ use crate::engine::record::{
     RecordRow, StaleSummary, SweepBatch,
 };
 use crate::engine::shared_tx::SharedTx;
-use crate::store::{Store, migrations, sql};
+use crate::store::{Store, sql};
 
 /// `uuid`'s built-in type oid.
 const UUID_OID: Oid = Oid(2950);
@@ -189,20 +189,7 @@ impl Store for SqlxStore {
     }
 
     async fn migrate(&self) -> Result<(), Error> {
-        // Unprepared throughout, like the tokio-postgres driver's: safe behind a
-        // transaction-pooling PgBouncer.
-        let mut tx = self.pool.begin().await?;
-        match apply_migrations(&mut tx).await {
-            Ok(()) => Ok(tx.commit().await?),
-            Err(error) => {
-                // Roll back before answering, so the connection is back in its pool,
-                // without the migration lock or any table lock, when the caller sees it.
-                if let Err(rollback) = tx.rollback().await {
-                    tracing::debug!(error = %rollback, "ROLLBACK failed; the pool closes the connection");
-                }
-                Err(error)
-            }
-        }
+        super::migrate::run(&self.pool).await
     }
 
     async fn schema_version(&self) -> Result<i32, Error> {
@@ -521,33 +508,6 @@ impl Store for SqlxStore {
         let guard = shared.try_write_owned()?;
         Some(IdempotentTx::new(guard, shared.count_handle()))
     }
-}
-
-/// The migration lock and the pending migrations, in `tx`.
-async fn apply_migrations(tx: &mut PgConnection) -> Result<(), Error> {
-    statement(sql::MIGRATION_LOCK, false)
-        .bind(migrations::MIGRATION_LOCK)
-        .execute(&mut *tx)
-        .await?;
-    tx.execute(sql::CREATE_MIGRATIONS_TABLE).await?;
-    let current: i32 = statement(sql::SCHEMA_VERSION, false)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
-    for migration in migrations::pending(current)? {
-        ::sqlx::raw_sql(migration.sql).execute(&mut *tx).await?;
-        statement(sql::RECORD_MIGRATION, false)
-            .bind(migration.version)
-            .bind(migration.name)
-            .execute(&mut *tx)
-            .await?;
-        tracing::info!(
-            version = migration.version,
-            name = migration.name,
-            "applied migration"
-        );
-    }
-    Ok(())
 }
 
 fn record_info(row: &PgRow) -> Result<RecordInfo, ::sqlx::Error> {
