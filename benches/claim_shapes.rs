@@ -31,9 +31,14 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
-use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::types::ToSql;
+
+mod support;
+
+use support::{
+    BODY, CLAIM, COLUMNS, FINGERPRINT, HEADERS, INSERT_ORDER, INSERT_RECORD, LOCK_EXPR, LOOKUP,
+    TRY_LOCK, Uuid, hex,
+};
 
 const SHAPES: &[&str] = &[
     "bare",
@@ -52,103 +57,6 @@ const SHAPES: &[&str] = &[
 ];
 const SCHEMA: &str = "bench_claim_shapes";
 const CONNECTIONS: usize = 16;
-
-/// A record id, sent as `uuid` by both drivers.
-#[derive(Debug, Clone, Copy)]
-struct Uuid([u8; 16]);
-
-impl ToSql for Uuid {
-    fn to_sql(
-        &self,
-        _ty: &Type,
-        out: &mut bytes::BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        out.extend_from_slice(&self.0);
-        Ok(IsNull::No)
-    }
-
-    fn accepts(ty: &Type) -> bool {
-        *ty == Type::UUID
-    }
-
-    to_sql_checked!();
-}
-
-impl sqlx::Type<sqlx::Postgres> for Uuid {
-    fn type_info() -> sqlx::postgres::PgTypeInfo {
-        sqlx::postgres::PgTypeInfo::with_oid(sqlx::postgres::types::Oid(2950))
-    }
-}
-
-impl sqlx::Encode<'_, sqlx::Postgres> for Uuid {
-    fn encode_by_ref(
-        &self,
-        buf: &mut sqlx::postgres::PgArgumentBuffer,
-    ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-        buf.extend_from_slice(&self.0);
-        Ok(sqlx::encode::IsNull::No)
-    }
-}
-
-impl Uuid {
-    /// A fresh id, spread over the key space like the SHA-256 ids the crate writes.
-    fn fresh() -> Self {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mix = |mut z: u64| {
-            // splitmix64
-            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
-        let mut id = [0; 16];
-        id[..8].copy_from_slice(&mix(n ^ (u64::from(std::process::id()) << 32)).to_be_bytes());
-        id[8..].copy_from_slice(&mix(n.rotate_left(17)).to_be_bytes());
-        Self(id)
-    }
-
-    fn lock_key(self) -> i64 {
-        i64::from_be_bytes(self.0[..8].try_into().unwrap())
-    }
-
-    /// The canonical text form, for statements with the values inlined.
-    fn text(self) -> String {
-        let h = hex(&self.0);
-        format!(
-            "{}-{}-{}-{}-{}",
-            &h[0..8],
-            &h[8..12],
-            &h[12..16],
-            &h[16..20],
-            &h[20..]
-        )
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-const COLUMNS: &str = "status, headers, body, fingerprint, expires_at <= now(), \
-    state, retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
-    extract(epoch FROM expires_at - now())::float8, body_key_id";
-const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= now(), \
-    state, retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
-    extract(epoch FROM expires_at - now())::float8, body_key_id \
-    FROM idempotency_records WHERE id = $1";
-const LOCK_EXPR: &str = "('idempotency_records'::regclass::oid::int8 << 32)";
-const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(($1 # \
-    ('idempotency_records'::regclass::oid::int8 << 32)))";
-const CLAIM: &str = "SELECT * FROM axum_idempotency_claim_v2($1, ($2 # \
-    ('idempotency_records'::regclass::oid::int8 << 32)))";
-const INSERT_RECORD: &str = "INSERT INTO idempotency_records \
-    (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, expires_at) \
-    VALUES ($1, '', NULL, $2, 201, $3, $4, NULL, now() + make_interval(secs => 86400))";
-const INSERT_ORDER: &str = "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id";
-const HEADERS: &[u8] = b"\x00\x0ccontent-type\x00\x00\x00\x10application/json";
-const FINGERPRINT: &[u8] = &[7; 32];
-const BODY: &[u8] = br#"{"id":1,"user_id":1,"amount":2}"#;
 
 /// `BEGIN`, the lock attempt and the lookup as one simple-protocol message: each
 /// statement still takes its own snapshot.
@@ -346,40 +254,8 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(6);
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let (admin, connection) = tokio_postgres::connect(&url, NoTls)
-        .await
-        .expect("connect to DATABASE_URL");
-    tokio::spawn(connection);
-    admin
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}"
-        ))
-        .await
-        .unwrap();
-    let mut config: tokio_postgres::Config = url.parse().unwrap();
-    config.options(format!("-c search_path={SCHEMA}"));
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(CONNECTIONS)
-        .build()
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let (pool, admin) = support::fresh_schema(SCHEMA, CONNECTIONS).await;
     let client = pool.get().await.unwrap();
-    client
-        .batch_execute(
-            "CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, \
-             amount bigint NOT NULL)",
-        )
-        .await
-        .unwrap();
     // One completed record per connection to replay.
     let mut replays = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -391,7 +267,7 @@ async fn main() {
         replays.push(id);
     }
     drop(client);
-    let sqlx_options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let sqlx_options: sqlx::postgres::PgConnectOptions = support::database_url().parse().unwrap();
     let sqlx_pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(CONNECTIONS as u32)
         .connect_with(sqlx_options.options([("search_path", SCHEMA)]))

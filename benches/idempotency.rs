@@ -29,14 +29,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Sweeper};
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio_postgres::NoTls;
 
-const INSERT_ORDER: &str = "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id";
+mod support;
+
+use support::INSERT_ORDER;
 
 #[derive(Deserialize)]
 struct NewOrder {
@@ -220,42 +221,11 @@ mod ceiling {
     use std::time::{Duration, Instant};
 
     use deadpool_postgres::Pool;
-    use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+    use tokio_postgres::types::ToSql;
 
     use super::Variant;
+    use super::support::{CLAIM, FINGERPRINT, HEADERS, INSERT_RECORD, LOOKUP, TRY_LOCK, Uuid};
 
-    /// A record id, sent as `uuid`.
-    #[derive(Debug, Clone, Copy)]
-    struct Uuid([u8; 16]);
-
-    impl ToSql for Uuid {
-        fn to_sql(
-            &self,
-            _ty: &Type,
-            out: &mut bytes::BytesMut,
-        ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-            out.extend_from_slice(&self.0);
-            Ok(IsNull::No)
-        }
-
-        fn accepts(ty: &Type) -> bool {
-            *ty == Type::UUID
-        }
-
-        to_sql_checked!();
-    }
-
-    const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= now(), \
-        state, retryable, ceil(extract(epoch FROM locked_until - now()))::int4, \
-        extract(epoch FROM expires_at - now())::float8, body_key_id \
-        FROM idempotency_records WHERE id = $1";
-    const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(($1 # \
-        ('idempotency_records'::regclass::oid::int8 << 32)))";
-    const CLAIM: &str = "SELECT * FROM axum_idempotency_claim_v2($1, ($2 # \
-        ('idempotency_records'::regclass::oid::int8 << 32)))";
-    const INSERT_RECORD: &str = "INSERT INTO idempotency_records \
-        (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, expires_at) \
-        VALUES ($1, '', NULL, $2, 201, $3, $4, NULL, now() + make_interval(secs => 86400))";
     const LEASE_ACQUIRE: &str = "INSERT INTO idempotency_records AS r \
         (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
          status, headers, body, expires_at) \
@@ -271,30 +241,6 @@ mod ceiling {
         VALUES ($1, 'PROCESSING', $2) ON CONFLICT (key) DO NOTHING";
     const THREE_FINISH: &str =
         "UPDATE three_commit_records SET status = 'SUCCESS', response = $2 WHERE key = $1";
-
-    const HEADERS: &[u8] = b"\x00\x0ccontent-type\x00\x00\x00\x10application/json";
-    const FINGERPRINT: [u8; 32] = [7; 32];
-
-    /// A fresh id per call, spread over the key space like the SHA-256 ids the crate writes.
-    fn fresh_id() -> Uuid {
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mix = |mut z: u64| {
-            // splitmix64
-            z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
-        let mut id = [0; 16];
-        id[..8].copy_from_slice(&mix(n ^ u64::from(std::process::id()) << 32).to_be_bytes());
-        id[8..].copy_from_slice(&mix(n.rotate_left(17)).to_be_bytes());
-        Uuid(id)
-    }
-
-    fn lock_key(id: Uuid) -> i64 {
-        i64::from_be_bytes(id.0[..8].try_into().unwrap())
-    }
 
     /// Requests per second of `variant`'s statements alone, `None` for a variant with no
     /// database work (the caches).
@@ -366,14 +312,14 @@ mod ceiling {
                 client.batch_execute("COMMIT").await.unwrap();
             }
             Variant::New => {
-                let id = fresh_id();
+                let id = Uuid::fresh();
                 let (lookup, try_lock, insert) = (
                     client.prepare_cached(LOOKUP).await.unwrap(),
                     client.prepare_cached(TRY_LOCK).await.unwrap(),
                     client.prepare_cached(INSERT_RECORD).await.unwrap(),
                 );
                 client.query_opt(&lookup, &[&id]).await.unwrap();
-                let key = lock_key(id);
+                let key = id.lock_key();
                 let lock_params: [&(dyn ToSql + Sync); 1] = [&key];
                 let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
                 let (begin, locked, found) = tokio::join!(
@@ -401,7 +347,7 @@ mod ceiling {
             }
             Variant::SqlxNew => {
                 // One statement a round trip: the lookup, then the claim function after BEGIN.
-                let id = fresh_id();
+                let id = Uuid::fresh();
                 let (lookup, claim, insert) = (
                     client.prepare_cached(LOOKUP).await.unwrap(),
                     client.prepare_cached(CLAIM).await.unwrap(),
@@ -410,7 +356,7 @@ mod ceiling {
                 client.query_opt(&lookup, &[&id]).await.unwrap();
                 client.batch_execute("BEGIN").await.unwrap();
                 client
-                    .query_one(&claim, &[&id, &lock_key(id)])
+                    .query_one(&claim, &[&id, &id.lock_key()])
                     .await
                     .unwrap();
                 client
@@ -432,7 +378,7 @@ mod ceiling {
                     .unwrap();
             }
             Variant::LeaseNew => {
-                let id = fresh_id();
+                let id = Uuid::fresh();
                 let (acquire, complete) = (
                     client.prepare_cached(LEASE_ACQUIRE).await.unwrap(),
                     client.prepare_cached(LEASE_COMPLETE).await.unwrap(),
@@ -759,9 +705,7 @@ async fn redis_server(_pool: &Pool) -> Option<SocketAddr> {
 async fn sqlx_server(schema: &str) -> Option<SocketAddr> {
     #[cfg(feature = "sqlx")]
     {
-        let url = std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-        Some(on_sqlx::server(&url, schema).await)
+        Some(on_sqlx::server(&support::database_url(), schema).await)
     }
     #[cfg(not(feature = "sqlx"))]
     {
@@ -771,35 +715,12 @@ async fn sqlx_server(schema: &str) -> Option<SocketAddr> {
 }
 
 async fn setup(schema: &str) -> (Pool, tokio_postgres::Client) {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let (admin, connection) = tokio_postgres::connect(&url, NoTls)
-        .await
-        .expect("connect to DATABASE_URL");
-    tokio::spawn(connection);
-    admin
-        .batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
-        ))
-        .await
-        .unwrap();
-    let mut config: tokio_postgres::Config = url.parse().unwrap();
-    config.options(format!("-c search_path={schema}"));
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager).max_size(32).build().unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let (pool, admin) = support::fresh_schema(schema, 32).await;
     pool.get()
         .await
         .unwrap()
         .batch_execute(
-            "CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, amount bigint NOT NULL);
-             CREATE TABLE three_commit_records (key text PRIMARY KEY, status text NOT NULL,
+            "CREATE TABLE three_commit_records (key text PRIMARY KEY, status text NOT NULL,
                  fingerprint text NOT NULL, response bytea);",
         )
         .await
