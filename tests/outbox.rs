@@ -723,6 +723,60 @@ async fn producers_of_one_ordering_key_wait_for_each_others_commit() {
     assert_eq!(ids, ["first", "other", "second"]);
 }
 
+/// Refuses every message whose topic is `refused`; records the ids of the others.
+struct RefusesOneTopic(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Publisher for RefusesOneTopic {
+    async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
+        if message.topic() == "refused" {
+            return Err(PublishError::refused("refused by the test"));
+        }
+        self.0.lock().unwrap().push(message.message_id().to_owned());
+        Ok(())
+    }
+}
+
+/// A key whose first message waits for its next attempt holds back that key's later
+/// messages, and only those: even with more of them waiting than a batch holds, the other
+/// keys' messages still go out.
+#[tokio::test]
+async fn a_key_waiting_for_a_retry_does_not_starve_the_other_keys() {
+    let db = TestDb::new(2).await;
+    let pooled = db.pool.get().await.unwrap();
+    let client: &tokio_postgres::Client = &pooled;
+    let enqueue = |topic: &'static str, key: &'static str, id: String| async move {
+        {
+            axum_idempotency::postgres::enqueue(
+                client,
+                &OutboxMessage::new(topic, "{}").id(id).ordering_key(key),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    enqueue("refused", "stuck", "stuck-0".to_owned()).await;
+    for i in 1..=4 {
+        enqueue("fine", "stuck", format!("stuck-{i}")).await;
+    }
+    enqueue("fine", "other", "other-0".to_owned()).await;
+    let published = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let relay = OutboxRelay::new(db.pool.clone(), RefusesOneTopic(Arc::clone(&published)))
+        .batch_size(2)
+        .retry_delay(Duration::from_secs(60), Duration::from_secs(60));
+    let first = relay.run_once().await.unwrap();
+    assert_eq!((first.locked, first.refused), (2, 1));
+    assert!(
+        published.lock().unwrap().is_empty(),
+        "a lane stops at its refusal"
+    );
+    // `stuck-0` now waits 60 s; the rest of its key waits behind it, and the batch reaches
+    // the other key.
+    for _ in 0..3 {
+        relay.run_once().await.unwrap();
+    }
+    assert_eq!(*published.lock().unwrap(), ["other-0"]);
+}
+
 /// With `listen`, a COMMIT wakes the relay at once even with a 60 s poll interval; without
 /// it (as behind a transaction-pooling PgBouncer), polling alone delivers.
 #[tokio::test]

@@ -189,10 +189,16 @@ pub(crate) const OUTBOX_ENQUEUE: &str = "INSERT INTO idempotency_outbox \
           # ('idempotency_outbox'::regclass::oid::int8 << 32))::text = '' \
     ON CONFLICT (message_id) DO NOTHING RETURNING message_id";
 /// The relay's batch: pending rows due for an attempt, oldest first, locked for this
-/// relay's transaction and skipped by every other relay's. `$1` batch size.
+/// relay's transaction and skipped by every other relay's. A row behind an earlier message
+/// of its ordering key that waits for its next attempt is left out: it could not be
+/// published before that message anyway, and a key with a batch's worth of such rows would
+/// otherwise fill every batch and starve the other keys. `$1` batch size.
 pub(crate) const OUTBOX_LOCK_BATCH: &str = "SELECT seq, message_id, topic, ordering_key, \
     content_type, payload, attempts, extract(epoch FROM clock_timestamp() - created_at)::float8 \
-    FROM idempotency_outbox WHERE state = 'PENDING' AND next_attempt_at <= now() \
+    FROM idempotency_outbox AS o WHERE state = 'PENDING' AND next_attempt_at <= now() \
+    AND (ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM idempotency_outbox AS w \
+        WHERE w.state = 'PENDING' AND w.ordering_key = o.ordering_key AND w.seq < o.seq \
+          AND w.next_attempt_at > now())) \
     ORDER BY seq LIMIT $1 FOR UPDATE SKIP LOCKED";
 /// For each ordering key of a batch, the first pending message of that key outside the
 /// batch (held by another relay, or waiting for its next attempt): the batch publishes that
