@@ -121,6 +121,8 @@ pub struct IdempotencyDoc {
     operations: Vec<(Method, String)>,
 }
 
+/// The `Idempotency-Key` header's syntax, as [`crate::IdempotencyKey::parse`] accepts it.
+const KEY_PATTERN: &str = r#"^(?:[!#-~]+|"(?:[ !#-\[\]-~]|\\["\\])+")$"#;
 impl Default for IdempotencyDoc {
     fn default() -> Self {
         Self::new()
@@ -287,9 +289,11 @@ impl IdempotencyDoc {
         let schema = ObjectBuilder::new()
             .schema_type(Type::String)
             .min_length(Some(1))
-            .max_length(Some(MAX_KEY_LEN))
-            // Bare form: printable ASCII, no space, no quote.
-            .pattern(Some("^[!#-~]+$"))
+            // A quoted key of MAX_KEY_LEN characters, every one escaped.
+            .max_length(Some(2 * MAX_KEY_LEN + 2))
+            // Bare: printable ASCII, no space, no quote. Quoted (a Structured Field
+            // string): printable ASCII with spaces, `"` and `\` escaped by a backslash.
+            .pattern(Some(KEY_PATTERN))
             .examples([Value::from("8e03978e-40d5-43e8-bc93-6894a57f9324")])
             .build();
         ParameterBuilder::new()

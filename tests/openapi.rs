@@ -64,9 +64,33 @@ async fn declares_the_idempotency_contract(example: &str) {
     assert_eq!(key.location, ParameterIn::Header);
     assert_eq!(key.required, Some(true));
     let schema = key.schema.unwrap().resolve(&spec).unwrap();
-    assert_eq!((schema.min_length, schema.max_length), (Some(1), Some(255)));
-    let pattern = schema.pattern.expect("the key's syntax");
-    assert!(pattern.contains("!#-~"), "{pattern}");
+    // 255 characters, quoted with every one escaped.
+    assert_eq!((schema.min_length, schema.max_length), (Some(1), Some(512)));
+    let pattern = regex::Regex::new(&schema.pattern.expect("the key's syntax")).unwrap();
+    for key in [
+        "8e03978e-40d5-43e8-bc93-6894a57f9324",
+        "order-42",
+        r#""order 42""#,
+        r#""say \"hi\" \\ bye""#,
+    ] {
+        assert!(
+            axum_idempotency::IdempotencyKey::parse(key.as_bytes()).is_ok(),
+            "{key}"
+        );
+        assert!(pattern.is_match(key), "the schema refuses {key}");
+    }
+    for key in [
+        "order 42",
+        r#""unterminated"#,
+        r#""bad \x escape""#,
+        "caf\u{e9}",
+    ] {
+        assert!(
+            axum_idempotency::IdempotencyKey::parse(key.as_bytes()).is_err(),
+            "{key}"
+        );
+        assert!(!pattern.is_match(key), "the schema allows {key}");
+    }
 
     let responses = post.responses(&spec);
     let codes = |status: &str| problem_codes(&spec, &responses[status]);
