@@ -88,19 +88,36 @@ async fn open_channel(connection: &Connection) -> Result<Channel, lapin::Error> 
     Ok(channel)
 }
 
-/// A channel-level error (the broker closed the channel over this message) is a refusal;
-/// anything else is the broker or the link being unavailable.
-fn classify(error: lapin::Error) -> PublishError {
+/// Why a publish on a channel failed.
+enum Failure {
+    /// The broker closed the channel (a channel-level, "soft" AMQP error). That fails every
+    /// message in flight on the channel, not only the one the broker refused.
+    ChannelClosed(lapin::Error),
+    /// The message was refused, or the broker is unavailable.
+    Publish(PublishError),
+}
+
+fn classify(error: lapin::Error) -> Failure {
     if error.is_amqp_soft_error() {
-        PublishError::refused(error)
+        Failure::ChannelClosed(error)
     } else {
-        PublishError::unavailable(error)
+        Failure::Publish(PublishError::unavailable(error))
     }
 }
 
-impl Publisher for RabbitPublisher {
-    async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
-        let channel = self.channel().await?;
+impl RabbitPublisher {
+    /// A channel with confirms on, on the open connection, for one message alone.
+    async fn channel_of_its_own(&self) -> Result<Channel, PublishError> {
+        let link = self.link.lock().await;
+        let Some((connection, _)) = link.as_ref() else {
+            return Err(PublishError::unavailable("no connection to the broker"));
+        };
+        open_channel(connection)
+            .await
+            .map_err(PublishError::unavailable)
+    }
+
+    async fn publish_on(&self, channel: &Channel, message: &Outgoing) -> Result<(), Failure> {
         let mut properties = BasicProperties::default()
             .with_message_id(message.message_id().into())
             .with_delivery_mode(2);
@@ -120,19 +137,46 @@ impl Publisher for RabbitPublisher {
             )
             .await
             .map_err(classify)?;
+        let refused = |reason: String| Failure::Publish(PublishError::refused(reason));
         match confirm.await.map_err(classify)? {
             Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(returned)) => Err(PublishError::refused(format!(
+            Confirmation::Ack(Some(returned)) => Err(refused(format!(
                 "returned unroutable ({} {})",
                 returned.reply_code,
                 returned.reply_text.as_str()
             ))),
-            Confirmation::Nack(_) => Err(PublishError::refused(
-                "the broker negatively acknowledged the message",
+            Confirmation::Nack(_) => Err(refused(
+                "the broker negatively acknowledged the message".to_owned(),
             )),
-            Confirmation::NotRequested => Err(PublishError::unavailable(
+            Confirmation::NotRequested => Err(Failure::Publish(PublishError::unavailable(
                 "publisher confirms are not enabled on the channel",
-            )),
+            ))),
+        }
+    }
+}
+
+impl Publisher for RabbitPublisher {
+    /// On the shared channel; when the broker closes it, the message is published again
+    /// alone on a channel of its own, and is refused only if the broker refuses it there
+    /// too — the messages that merely shared the closed channel cost no attempt (and may
+    /// reach the broker twice, which the consumer's Inbox absorbs by message id).
+    async fn publish(&self, message: &Outgoing) -> Result<(), PublishError> {
+        let shared = self.channel().await?;
+        match self.publish_on(&shared, message).await {
+            Ok(()) => Ok(()),
+            Err(Failure::Publish(error)) => Err(error),
+            Err(Failure::ChannelClosed(_)) => {
+                let alone = self.channel_of_its_own().await?;
+                let outcome = self.publish_on(&alone, message).await;
+                if alone.status().connected() {
+                    let _ = alone.close(200, "published".into()).await;
+                }
+                match outcome {
+                    Ok(()) => Ok(()),
+                    Err(Failure::ChannelClosed(error)) => Err(PublishError::refused(error)),
+                    Err(Failure::Publish(error)) => Err(error),
+                }
+            }
         }
     }
 }
