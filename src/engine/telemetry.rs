@@ -18,7 +18,7 @@
 //! | `idempotency_outbox_published_total` | counter | | outbox messages the broker confirmed |
 //! | `idempotency_outbox_publish_failures_total` | counter | `reason` (`refused`, `unavailable`) | failed publishes: the broker refused the message, or was unavailable |
 //! | `idempotency_outbox_parked_total` | counter | | outbox messages parked as FAILED after `max_attempts` refusals |
-//! | `idempotency_outbox_pending` | gauge | | outbox messages waiting to be published (set by the relay after every batch) |
+//! | `idempotency_outbox_pending` | gauge | | outbox messages waiting to be published (set by the relay after a batch, at most once a second) |
 //! | `idempotency_outbox_oldest_pending_seconds` | gauge | | how long the oldest of them has waited |
 //! | `idempotency_outbox_lag_seconds` | histogram | | from the enqueueing insert to the broker's confirm |
 //! | `idempotency_redis_total` | counter | `result` | the Redis front line (feature `redis`): `hit` (a completed response answered the claim), `miss` (nothing there; PostgreSQL decides), `in_flight` (another request held the key: 409 with no PostgreSQL trip), `limited` (the shared hot-key limiter refused the attempt: 429 with no PostgreSQL trip), `error` (a lookup that failed, timed out, found an unreadable value or was skipped during the back-off after a failure, or a failed write; PostgreSQL decides) |

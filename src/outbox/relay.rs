@@ -51,7 +51,13 @@ pub struct OutboxRelay<P, D: Store = PgStore> {
     store: D,
     publisher: P,
     config: RelayConfig,
+    /// When the pending gauges were last refreshed (see [`PENDING_REFRESH`]).
+    pending_refreshed: std::sync::Mutex<Option<Instant>>,
 }
+
+/// The pending gauges scan the pending rows: a relay draining a backlog batch after batch
+/// refreshes them at most this often.
+const PENDING_REFRESH: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone)]
 struct RelayConfig {
@@ -102,6 +108,7 @@ impl<P: Publisher, D: Store> OutboxRelay<P, D> {
                 publish_timeout: Duration::from_secs(30),
                 listen: None,
             },
+            pending_refreshed: std::sync::Mutex::new(None),
         }
     }
 
@@ -212,72 +219,63 @@ impl<P: Publisher, D: Store> OutboxRelay<P, D> {
     /// Publishes one batch: locks up to [`batch_size`](Self::batch_size) due messages,
     /// publishes them (each ordering key in order, the rest in parallel), marks the
     /// confirmed ones SENT and the refused ones retried or parked, and commits. Also
-    /// refreshes the pending gauges.
+    /// refreshes the pending gauges (at most once a second: they scan the pending rows).
     ///
     /// A database error leaves every message of the batch pending (those already
     /// confirmed are published again later).
     pub async fn run_once(&self) -> Result<RelayReport, Error> {
-        let batch = self
+        let report = self.run_batch().await;
+        self.refresh_pending().await;
+        report
+    }
+
+    async fn run_batch(&self) -> Result<RelayReport, Error> {
+        let Some(batch) = self
             .store
             .outbox_lock_batch(i64::from(self.config.batch_size))
-            .await;
-        let report = match batch {
-            Ok(Some(batch)) => {
-                let locked = batch.rows.len();
-                let plan = lanes(batch.rows, &batch.barriers);
-                let broker_down = AtomicBool::new(false);
-                let lanes = futures_util::future::join_all(
-                    plan.lanes
-                        .iter()
-                        .map(|lane| self.publish_lane(lane, &broker_down)),
-                )
-                .await;
-                let mut sent = Vec::new();
-                let (mut refused, mut errors) = (Vec::new(), Vec::new());
-                for lane in lanes {
-                    sent.extend(lane.sent);
-                    if let Some((seq, error)) = lane.refused {
-                        refused.push(seq);
-                        errors.push(error);
-                    }
-                }
-                let settlement = Settlement {
-                    sent: &sent,
-                    refused: &refused,
-                    errors: &errors,
-                    max_attempts: i32::try_from(self.config.max_attempts).unwrap_or(i32::MAX),
-                    retry_base_seconds: self.config.retry_delay.as_secs_f64(),
-                    retry_cap_seconds: self.config.max_retry_delay.as_secs_f64(),
-                };
-                let parked = D::outbox_settle(batch.conn, &settlement).await;
-                let parked = match parked {
-                    Ok(parked) => parked,
-                    Err(error) => {
-                        self.refresh_pending().await;
-                        return Err(error);
-                    }
-                };
-                telemetry::outbox_settled(sent.len(), parked);
-                if parked > 0 {
-                    tracing::warn!(parked, "outbox messages parked after their attempts");
-                }
-                RelayReport {
-                    locked,
-                    published: sent.len(),
-                    refused: refused.len(),
-                    parked,
-                    held_back: plan.held_back,
-                    unavailable: broker_down.load(Ordering::Relaxed),
-                }
-            }
-            Ok(None) => RelayReport::default(),
-            Err(error) => {
-                self.refresh_pending().await;
-                return Err(error);
-            }
+            .await?
+        else {
+            return Ok(RelayReport::default());
         };
-        self.refresh_pending().await;
-        Ok(report)
+        let locked = batch.rows.len();
+        let plan = lanes(batch.rows, &batch.barriers);
+        let broker_down = AtomicBool::new(false);
+        let lanes = futures_util::future::join_all(
+            plan.lanes
+                .iter()
+                .map(|lane| self.publish_lane(lane, &broker_down)),
+        )
+        .await;
+        let mut sent = Vec::new();
+        let (mut refused, mut errors) = (Vec::new(), Vec::new());
+        for lane in lanes {
+            sent.extend(lane.sent);
+            if let Some((seq, error)) = lane.refused {
+                refused.push(seq);
+                errors.push(error);
+            }
+        }
+        let settlement = Settlement {
+            sent: &sent,
+            refused: &refused,
+            errors: &errors,
+            max_attempts: i32::try_from(self.config.max_attempts).unwrap_or(i32::MAX),
+            retry_base_seconds: self.config.retry_delay.as_secs_f64(),
+            retry_cap_seconds: self.config.max_retry_delay.as_secs_f64(),
+        };
+        let parked = D::outbox_settle(batch.conn, &settlement).await?;
+        telemetry::outbox_settled(sent.len(), parked);
+        if parked > 0 {
+            tracing::warn!(parked, "outbox messages parked after their attempts");
+        }
+        Ok(RelayReport {
+            locked,
+            published: sent.len(),
+            refused: refused.len(),
+            parked,
+            held_back: plan.held_back,
+            unavailable: broker_down.load(Ordering::Relaxed),
+        })
     }
 
     /// Publishes a lane in order, stopping at its first failure: the rest of its key
@@ -326,6 +324,16 @@ impl<P: Publisher, D: Store> OutboxRelay<P, D> {
     }
 
     async fn refresh_pending(&self) {
+        {
+            let mut refreshed = self
+                .pending_refreshed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if refreshed.is_some_and(|at| at.elapsed() < PENDING_REFRESH) {
+                return;
+            }
+            *refreshed = Some(Instant::now());
+        }
         match self.store.outbox_pending().await {
             Ok(pending) => telemetry::outbox_pending(pending.count, pending.oldest_seconds),
             Err(error) => {
