@@ -335,7 +335,7 @@ mod ceiling {
                     .query_one(&insert_order, &[&user, &amount])
                     .await
                     .unwrap();
-                let fingerprint = &FINGERPRINT[..];
+                let fingerprint = FINGERPRINT;
                 let insert_params: [&(dyn ToSql + Sync); 4] = [&id, &fingerprint, &HEADERS, &body];
                 let (inserted, committed) = tokio::join!(
                     biased;
@@ -363,7 +363,7 @@ mod ceiling {
                     .query_one(&insert_order, &[&user, &amount])
                     .await
                     .unwrap();
-                let fingerprint = &FINGERPRINT[..];
+                let fingerprint = FINGERPRINT;
                 client
                     .execute(&insert, &[&id, &fingerprint, &HEADERS, &body])
                     .await
@@ -383,7 +383,7 @@ mod ceiling {
                     client.prepare_cached(LEASE_ACQUIRE).await.unwrap(),
                     client.prepare_cached(LEASE_COMPLETE).await.unwrap(),
                 );
-                let fingerprint = &FINGERPRINT[..];
+                let fingerprint = FINGERPRINT;
                 let token: i64 = client
                     .query_one(&acquire, &[&id, &fingerprint])
                     .await
