@@ -163,6 +163,23 @@ pub struct Enqueued {
     pub duplicate: bool,
 }
 
+impl Enqueued {
+    /// The enqueue's answer from the id its insert returned: none when the message's id
+    /// was already in the outbox.
+    pub(crate) fn from_insert(message: &OutboxMessage, inserted: Option<String>) -> Self {
+        match inserted {
+            Some(message_id) => Self {
+                message_id,
+                duplicate: false,
+            },
+            None => Self {
+                message_id: message.id.clone().unwrap_or_default(),
+                duplicate: true,
+            },
+        }
+    }
+}
+
 /// A committed message a relay locked and hands to its
 /// [`Publisher`](crate::outbox::Publisher).
 #[derive(Clone)]
@@ -221,6 +238,16 @@ impl fmt::Debug for Outgoing {
             .field("payload_bytes", &self.payload.len())
             .finish_non_exhaustive()
     }
+}
+
+/// The parameters of the barrier query for a locked batch (its ordering keys, and its
+/// seqs to leave out), or `None` when no message of it has a key.
+pub(crate) fn barrier_params(rows: &[Outgoing]) -> Option<(Vec<&str>, Vec<i64>)> {
+    let keys: Vec<&str> = rows
+        .iter()
+        .filter_map(|r| r.ordering_key.as_deref())
+        .collect();
+    (!keys.is_empty()).then(|| (keys, rows.iter().map(|r| r.seq).collect()))
 }
 
 /// A locked batch split into publishing lanes: each lane is published in order, one
@@ -282,13 +309,6 @@ pub struct Settlement<'a> {
     pub(crate) max_attempts: i32,
     pub(crate) retry_base_seconds: f64,
     pub(crate) retry_cap_seconds: f64,
-}
-
-/// Pending messages and how long the oldest has waited.
-#[derive(Debug, Clone, Copy)]
-pub struct Pending {
-    pub(crate) count: i64,
-    pub(crate) oldest_seconds: Option<f64>,
 }
 
 #[cfg(test)]

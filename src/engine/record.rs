@@ -298,10 +298,10 @@ pub struct RetentionParams {
     pub(crate) limit: i64,
 }
 
-/// The stale-lease summary: how many PROCESSING records are past their lease, and
-/// seconds since the oldest lease ended.
-#[derive(Debug)]
-pub struct StaleSummary {
+/// Rows waiting on something, and how long the oldest has waited, in seconds: records
+/// past their lease (the stale-lease gauges), or outbox messages not yet published.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Backlog {
     pub(crate) count: i64,
     pub(crate) oldest_seconds: Option<f64>,
 }

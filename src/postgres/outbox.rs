@@ -12,7 +12,9 @@ use super::conn::TxConn;
 use super::db::{self, Db, OUTBOX_ENQUEUE};
 use crate::Error;
 use crate::admin::{OutboxColumns, OutboxInfo};
-use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Outgoing, Pending, Settlement};
+use crate::engine::outbox::{
+    Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
+};
 
 /// Enqueues `message` in the transaction `client` is in: it is published after that
 /// transaction commits, and never if it rolls back. One round trip, unprepared (safe behind
@@ -68,16 +70,8 @@ pub(crate) fn enqueued(
     message: &OutboxMessage,
     row: Option<tokio_postgres::Row>,
 ) -> Result<Enqueued, Error> {
-    Ok(match row {
-        Some(row) => Enqueued {
-            message_id: row.try_get(0)?,
-            duplicate: false,
-        },
-        None => Enqueued {
-            message_id: message.id.clone().unwrap_or_default(),
-            duplicate: true,
-        },
-    })
+    let inserted = row.map(|row| row.try_get(0)).transpose()?;
+    Ok(Enqueued::from_insert(message, inserted))
 }
 
 /// `BEGIN` and the locking `SELECT` pipelined; the barriers of the batch's ordering
@@ -101,13 +95,8 @@ pub(super) async fn lock_batch(
         conn.rollback().await;
         return Ok(None);
     }
-    let keys: Vec<&str> = rows
-        .iter()
-        .filter_map(|r| r.ordering_key.as_deref())
-        .collect();
     let mut barriers = HashMap::new();
-    if !keys.is_empty() {
-        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    if let Some((keys, seqs)) = barrier_params(&rows) {
         let statement = db.prepare(&db::OUTBOX_BARRIERS).await?;
         for row in db.query(&statement, &[&keys, &seqs]).await? {
             barriers.insert(row.try_get(0)?, row.try_get(1)?);
@@ -167,21 +156,6 @@ pub(super) async fn settle(mut conn: TxConn, s: &Settlement<'_>) -> Result<u64, 
     committed?;
     conn.mark_ended();
     Ok(parked)
-}
-
-pub(super) async fn pending(store: &PgStore) -> Result<Pending, Error> {
-    let mut rows = store
-        .rows(&db::OUTBOX_PENDING, &[], |row| {
-            Ok(Pending {
-                count: row.try_get(0)?,
-                oldest_seconds: row.try_get(1)?,
-            })
-        })
-        .await?;
-    Ok(rows.pop().unwrap_or(Pending {
-        count: 0,
-        oldest_seconds: None,
-    }))
 }
 
 pub(super) async fn messages(

@@ -16,10 +16,10 @@ use crate::Error;
 use crate::admin::{MessageColumns, MessageInfo, OutboxInfo, RecordColumns, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
+use crate::engine::outbox::{OutboxBatch, Settlement};
 use crate::engine::record::{
-    Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord,
-    RecordRow, StaleSummary, SweepBatch,
+    Backlog, Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd,
+    NewRecord, RecordRow, SweepBatch,
 };
 use crate::engine::shared_tx::SharedTx;
 use crate::store::{Store, sql};
@@ -62,6 +62,19 @@ impl PgStore {
         let statement = db.prepare(sql).await?;
         let rows = db.query(&statement, params).await?;
         Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+    }
+
+    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
+    pub(super) async fn backlog(&self, sql: &'static Sql) -> Result<Backlog, Error> {
+        let mut rows = self
+            .rows(sql, &[], |row| {
+                Ok(Backlog {
+                    count: row.try_get(0)?,
+                    oldest_seconds: row.try_get(1)?,
+                })
+            })
+            .await?;
+        Ok(rows.pop().unwrap_or_default())
     }
 }
 
@@ -434,19 +447,8 @@ impl Store for PgStore {
         Ok(affected)
     }
 
-    async fn stale_summary(&self) -> Result<StaleSummary, Error> {
-        let mut rows = self
-            .rows(&db::STALE_SUMMARY, &[], |row| {
-                Ok(StaleSummary {
-                    count: row.try_get(0)?,
-                    oldest_seconds: row.try_get(1)?,
-                })
-            })
-            .await?;
-        Ok(rows.pop().unwrap_or(StaleSummary {
-            count: 0,
-            oldest_seconds: None,
-        }))
+    async fn stale_summary(&self) -> Result<Backlog, Error> {
+        self.backlog(&db::STALE_SUMMARY).await
     }
 
     async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
@@ -489,8 +491,8 @@ impl Store for PgStore {
         super::outbox::settle(conn, settlement).await
     }
 
-    async fn outbox_pending(&self) -> Result<Pending, Error> {
-        super::outbox::pending(self).await
+    async fn outbox_pending(&self) -> Result<Backlog, Error> {
+        self.backlog(&db::OUTBOX_PENDING).await
     }
 
     async fn outbox_messages(&self, state: &str, limit: i64) -> Result<Vec<OutboxInfo>, Error> {

@@ -11,7 +11,9 @@ use super::SqlxStore;
 use super::store::{SqlxConn, statement};
 use crate::Error;
 use crate::admin::{OutboxColumns, OutboxInfo};
-use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Outgoing, Pending, Settlement};
+use crate::engine::outbox::{
+    Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
+};
 use crate::store::{Store, sql};
 
 /// `BEGIN`, the locking `SELECT`, and the barriers of the batch's ordering keys only
@@ -31,13 +33,8 @@ pub(super) async fn lock_batch(
         <SqlxStore as Store>::rollback(conn).await;
         return Ok(None);
     }
-    let keys: Vec<&str> = rows
-        .iter()
-        .filter_map(|r| r.ordering_key.as_deref())
-        .collect();
     let mut barriers = HashMap::new();
-    if !keys.is_empty() {
-        let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
+    if let Some((keys, seqs)) = barrier_params(&rows) {
         let found = store
             .query(sql::OUTBOX_BARRIERS)
             .bind(&keys[..])
@@ -80,17 +77,6 @@ pub(super) async fn settle(mut conn: SqlxConn, s: &Settlement<'_>) -> Result<u64
     }
     conn.commit().await?;
     Ok(parked)
-}
-
-pub(super) async fn pending(store: &SqlxStore) -> Result<Pending, Error> {
-    let row = store
-        .query(sql::OUTBOX_PENDING)
-        .fetch_one(&store.pool)
-        .await?;
-    Ok(Pending {
-        count: row.try_get(0)?,
-        oldest_seconds: row.try_get(1)?,
-    })
 }
 
 pub(super) async fn messages(
@@ -162,14 +148,6 @@ where
         .bind(&message.payload[..])
         .fetch_optional(executor)
         .await?;
-    Ok(match row {
-        Some(row) => Enqueued {
-            message_id: row.try_get(0)?,
-            duplicate: false,
-        },
-        None => Enqueued {
-            message_id: message.id.clone().unwrap_or_default(),
-            duplicate: true,
-        },
-    })
+    let inserted = row.map(|row| row.try_get(0)).transpose()?;
+    Ok(Enqueued::from_insert(message, inserted))
 }

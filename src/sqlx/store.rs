@@ -15,10 +15,10 @@ use crate::Error;
 use crate::admin::{MessageColumns, MessageInfo, OutboxInfo, RecordColumns, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
+use crate::engine::outbox::{OutboxBatch, Settlement};
 use crate::engine::record::{
-    Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord,
-    RecordRow, StaleSummary, SweepBatch,
+    Backlog, Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd,
+    NewRecord, RecordRow, SweepBatch,
 };
 use crate::engine::shared_tx::SharedTx;
 use crate::store::{Store, sql};
@@ -117,6 +117,15 @@ impl SqlxStore {
             persistent: self.persistent,
             pool: self.pool.clone(),
         }
+    }
+
+    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
+    pub(super) async fn backlog(&self, sql: &'static str) -> Result<Backlog, Error> {
+        let row = self.query(sql).fetch_one(&self.pool).await?;
+        Ok(Backlog {
+            count: row.try_get(0)?,
+            oldest_seconds: row.try_get(1)?,
+        })
     }
 
     pub(super) async fn rows<T>(
@@ -442,12 +451,8 @@ impl Store for SqlxStore {
         Ok(query.execute(&self.pool).await?.rows_affected())
     }
 
-    async fn stale_summary(&self) -> Result<StaleSummary, Error> {
-        let row = self.query(sql::STALE_SUMMARY).fetch_one(&self.pool).await?;
-        Ok(StaleSummary {
-            count: row.try_get(0)?,
-            oldest_seconds: row.try_get(1)?,
-        })
+    async fn stale_summary(&self) -> Result<Backlog, Error> {
+        self.backlog(sql::STALE_SUMMARY).await
     }
 
     async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
@@ -492,8 +497,8 @@ impl Store for SqlxStore {
         super::outbox::settle(conn, settlement).await
     }
 
-    async fn outbox_pending(&self) -> Result<Pending, Error> {
-        super::outbox::pending(self).await
+    async fn outbox_pending(&self) -> Result<Backlog, Error> {
+        self.backlog(sql::OUTBOX_PENDING).await
     }
 
     async fn outbox_messages(&self, state: &str, limit: i64) -> Result<Vec<OutboxInfo>, Error> {

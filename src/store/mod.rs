@@ -23,10 +23,10 @@ use crate::admin::OutboxInfo;
 use crate::admin::{MessageInfo, RecordInfo};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::outbox::{OutboxBatch, Pending, Settlement};
+use crate::engine::outbox::{OutboxBatch, Settlement};
 use crate::engine::record::{
-    Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord,
-    RecordRow, StaleSummary, SweepBatch,
+    Backlog, Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd,
+    NewRecord, RecordRow, SweepBatch,
 };
 use crate::engine::shared_tx::SharedTx;
 
@@ -146,7 +146,7 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     fn sweep_batch(&self, batch: SweepBatch) -> impl Future<Output = Result<u64, Error>> + Send;
 
     #[doc(hidden)]
-    fn stale_summary(&self) -> impl Future<Output = Result<StaleSummary, Error>> + Send;
+    fn stale_summary(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
 
     /// Ids of the stalest PROCESSING records, the stalest first.
     #[doc(hidden)]
@@ -196,7 +196,7 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
     #[doc(hidden)]
-    fn outbox_pending(&self) -> impl Future<Output = Result<Pending, Error>> + Send;
+    fn outbox_pending(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
 
     #[doc(hidden)]
     fn outbox_messages(
