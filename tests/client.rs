@@ -302,3 +302,51 @@ fn uuid_version(key: &str) -> u32 {
     assert_eq!(key.len(), 36, "{key}");
     key[14..15].parse().unwrap()
 }
+
+/// A retried answer's body is read before the retry, so the retry goes out on the same
+/// connection instead of a new one.
+#[tokio::test]
+async fn a_retry_reuses_the_connection_of_the_answer_it_retries() {
+    use std::collections::HashSet;
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::ConnectInfo;
+    use axum::http::StatusCode;
+
+    let peers: Arc<Mutex<Vec<SocketAddr>>> = Arc::default();
+    let seen = Arc::clone(&peers);
+    let app = axum::Router::new().route(
+        "/orders",
+        axum::routing::post(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let mut seen = seen.lock().unwrap();
+                seen.push(peer);
+                if seen.len() < 3 {
+                    // A problem document a few kilobytes long, like a verbose gateway's.
+                    (StatusCode::SERVICE_UNAVAILABLE, "x".repeat(32 << 10))
+                } else {
+                    (StatusCode::CREATED, "{}".to_owned())
+                }
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    let response = post_order(&client(), &format!("http://{addr}"), Some("k"), 5)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(outcome(&response), (false, 3));
+    let peers = peers.lock().unwrap();
+    let connections: HashSet<_> = peers.iter().collect();
+    assert_eq!(connections.len(), 1, "three tries on {peers:?}");
+}

@@ -9,6 +9,28 @@ use reqwest_middleware::{Middleware, Next};
 use super::{ClientError, IdempotencyOutcome, KeyVersion};
 use crate::engine::key::IDEMPOTENCY_KEY;
 
+/// How much of an answer that will be retried is read (and dropped) so its connection can
+/// carry the retry; a longer body closes the connection instead.
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+/// Reads `response`'s body to its end, at most [`DRAIN_LIMIT`] bytes and for at most
+/// `wait`, and returns what is left of `wait`. A body read to its end lets the client's
+/// pool reuse the connection; one dropped unread closes it.
+async fn drain(mut response: Response, wait: Duration) -> Duration {
+    let started = Instant::now();
+    let _ = tokio::time::timeout(wait, async {
+        let mut read = 0;
+        while let Ok(Some(chunk)) = response.chunk().await {
+            read += chunk.len();
+            if read > DRAIN_LIMIT {
+                break;
+            }
+        }
+    })
+    .await;
+    wait.saturating_sub(started.elapsed())
+}
+
 /// The key generated for one logical request, kept in the request's `Extensions`: a
 /// middleware around this one that retries the whole chain passes the same `Extensions`
 /// again, and gets the same key.
@@ -236,7 +258,7 @@ impl IdempotencyMiddleware {
                         ?delay,
                         "idempotent request answered with a retryable status; retrying"
                     );
-                    delay
+                    drain(response, delay).await
                 }
                 Err(error) => {
                     let delay = self.backoff_delay(tries);
