@@ -5,9 +5,9 @@
 //! [`IdempotencyDoc`] adds, to every operation it is given:
 //!
 //! - the `Idempotency-Key` header parameter, required or optional, with its syntax
-//!   (printable ASCII, 1–255 characters);
-//! - the layer's own problem responses (`application/problem+json`, RFC 9457) for 400, 409,
-//!   422 and 503 (and 429 with [`attempt_limit`](IdempotencyDoc::attempt_limit)), each with
+//!   (1–255 printable ASCII characters, bare or as a quoted Structured Field string);
+//! - the layer's own problem responses (`application/problem+json`, RFC 9457) for 400, 408,
+//!   409, 413, 422 and 503 (and 429 with [`attempt_limit`](IdempotencyDoc::attempt_limit)), each with
 //!   the `code` values the layer sends with that status and, for 409, 429 and 503, the
 //!   `Retry-After` header;
 //! - the `Idempotent-Replayed` response header on the operation's own responses.
@@ -63,11 +63,21 @@ const PROBLEM_JSON: &str = "application/problem+json";
 
 /// The statuses of the layer's own answers a client of an idempotent operation must
 /// handle, with what each means for it.
-const PROBLEMS: [(StatusCode, &str); 4] = [
+const PROBLEMS: [(StatusCode, &str); 6] = [
     (
         StatusCode::BAD_REQUEST,
         "The `Idempotency-Key` is missing or malformed, or the request body could not be \
          read. Fix the request; retrying it unchanged cannot succeed.",
+    ),
+    (
+        StatusCode::REQUEST_TIMEOUT,
+        "The request body did not arrive in time; nothing was done. Retry with the same key \
+         and the same request.",
+    ),
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "The request body is larger than the layer buffers to fingerprint it; nothing was \
+         done. Retrying it unchanged cannot succeed.",
     ),
     (
         StatusCode::CONFLICT,

@@ -98,7 +98,9 @@ async fn declares_the_idempotency_contract(example: &str) {
         codes("400"),
         ["missing_key", "invalid_key", "body_unreadable"]
     );
+    assert_eq!(codes("408"), ["body_timeout"]);
     assert_eq!(codes("409"), ["in_flight", "lease_lost"]);
+    assert_eq!(codes("413"), ["payload_too_large"]);
     assert_eq!(
         codes("422"),
         ["invalid_amount", "key_reused"],
