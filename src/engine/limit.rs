@@ -56,6 +56,22 @@ impl AttemptLimiter {
         self.admit_in(id, self.window())
     }
 
+    /// Whether `id` has used up this second's attempts, without counting one: lets a caller
+    /// skip work (the Redis in-flight lock) that [`admit`](Self::admit) would refuse anyway.
+    #[cfg(feature = "redis")]
+    pub(crate) fn exhausted(&self, id: RecordId) -> bool {
+        self.exhausted_in(id, self.window())
+    }
+
+    #[cfg(any(test, feature = "redis"))]
+    fn exhausted_in(&self, id: RecordId, window: u32) -> bool {
+        let Some(counter) = self.counters.get(&id) else {
+            return false;
+        };
+        let (counted_window, count) = unpack(counter.load(Ordering::Acquire));
+        (counted_window == window || is_later(counted_window, window)) && count >= self.limit
+    }
+
     /// The current window: whole seconds since the limiter was made (wrapping after 136
     /// years, which the comparison in [`admit_in`](Self::admit_in) tolerates).
     fn window(&self) -> u32 {
@@ -146,6 +162,26 @@ mod tests {
         );
         assert_eq!(admitted(8), 3, "the next second starts over");
         assert_eq!(admitted(20), 3, "so does a much later one");
+    }
+
+    #[test]
+    fn exhausted_says_what_admit_would_answer_without_counting() {
+        let limiter = AttemptLimiter::new(2, 1024);
+        assert!(!limiter.exhausted_in(id("a"), 3), "a key never seen");
+        assert!(limiter.admit_in(id("a"), 3));
+        assert!(!limiter.exhausted_in(id("a"), 3));
+        assert!(!limiter.exhausted_in(id("a"), 3), "asking counts nothing");
+        assert!(limiter.admit_in(id("a"), 3));
+        assert!(limiter.exhausted_in(id("a"), 3));
+        assert!(!limiter.admit_in(id("a"), 3));
+        assert!(
+            !limiter.exhausted_in(id("a"), 4),
+            "the next second starts over"
+        );
+        assert!(
+            limiter.exhausted_in(id("a"), 2),
+            "a late clock reading sees the newer window"
+        );
     }
 
     #[test]

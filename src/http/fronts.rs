@@ -65,10 +65,16 @@ impl<D: Store> RequestState<D> {
             .as_ref()
             .filter(|_| self.config.attempt_limit_shared)
             .map(|limiter| limiter.limit());
-        match front
-            .lookup(self.id, lock.map(|lock| lock + LOCK_MARGIN), shared_limit)
-            .await
-        {
+        // A key past this instance's limit is refused after the lookup anyway: look for a
+        // replay without taking the in-flight lock, which would only be released again.
+        let exhausted = shared_limit.is_none()
+            && self
+                .config
+                .attempt_limit
+                .as_ref()
+                .is_some_and(|limiter| limiter.exhausted(self.id));
+        let lock = lock.filter(|_| !exhausted).map(|lock| lock + LOCK_MARGIN);
+        match front.lookup(self.id, lock, shared_limit).await {
             Lookup::Hit(found) => {
                 if let (Some(cache), Some(ttl)) = (&self.config.cache, found.ttl) {
                     let (headers, body) = (found.headers.clone(), found.body.clone());
