@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::engine::crypto::{EncryptionError, open_body, seal_body};
 use crate::engine::fingerprint::{DEFAULT_MAX_JSON_DEPTH, Fingerprinter, parse_pointer};
+use crate::engine::key::model::{key as key_model, sf_string};
 use crate::engine::key::{RecordId, validate_message_id};
 use crate::engine::record::{decode_headers, encode_headers};
 use crate::{IdempotencyKey, KeyError, MAX_KEY_LEN};
@@ -287,46 +288,6 @@ pub fn message_id(data: &[u8]) {
         let key = IdempotencyKey::parse(id.as_bytes()).expect("a valid id is a bare key");
         assert_eq!(key.as_str(), id);
     }
-}
-
-/// The documented key language, written independently of the parser.
-fn key_model(raw: &[u8]) -> Option<String> {
-    let key = match raw {
-        [b'"', inner @ .., b'"'] => {
-            let mut out = String::new();
-            let mut bytes = inner.iter();
-            while let Some(&byte) = bytes.next() {
-                match byte {
-                    b'\\' => match bytes.next() {
-                        Some(&escaped @ (b'"' | b'\\')) => out.push(char::from(escaped)),
-                        _ => return None,
-                    },
-                    b'"' => return None,
-                    0x20..=0x7e => out.push(char::from(byte)),
-                    _ => return None,
-                }
-            }
-            out
-        }
-        _ if raw.iter().all(|&b| b.is_ascii_graphic() && b != b'"') => {
-            String::from_utf8(raw.to_vec()).ok()?
-        }
-        _ => return None,
-    };
-    (1..=MAX_KEY_LEN).contains(&key.len()).then_some(key)
-}
-
-/// A key as a Structured Field string.
-fn sf_string(key: &str) -> String {
-    let mut out = String::from("\"");
-    for c in key.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-    out
 }
 
 fn parts(content_type: &str) -> http::request::Parts {

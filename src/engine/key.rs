@@ -260,6 +260,58 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// The key language as the documentation states it, written independently of the parser:
+/// the property tests and the fuzz target hold the parser to it.
+#[cfg(any(test, feature = "__fuzz"))]
+pub(crate) mod model {
+    use super::MAX_KEY_LEN;
+
+    /// The documented language, written independently of the parser: a bare token of
+    /// 1–255 bytes in `0x21..=0x7e` without `"`, or a Structured Field string whose
+    /// unescaped content is 1–255 characters of `0x20..=0x7e`.
+    pub(crate) fn key(raw: &[u8]) -> Option<String> {
+        let key = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
+            let mut out = String::new();
+            let mut inner = raw[1..raw.len() - 1].iter();
+            while let Some(&byte) = inner.next() {
+                match byte {
+                    b'\\' => match inner.next() {
+                        Some(&escaped) if escaped == b'"' || escaped == b'\\' => {
+                            out.push(char::from(escaped))
+                        }
+                        _ => return None,
+                    },
+                    b'"' => return None,
+                    0x20..=0x7e => out.push(char::from(byte)),
+                    _ => return None,
+                }
+            }
+            out
+        } else if raw
+            .iter()
+            .all(|&byte| (0x21..=0x7e).contains(&byte) && byte != b'"')
+        {
+            String::from_utf8(raw.to_vec()).ok()?
+        } else {
+            return None;
+        };
+        (1..=MAX_KEY_LEN).contains(&key.len()).then_some(key)
+    }
+
+    /// Serialises a key as a Structured Field string.
+    pub(crate) fn sf_string(key: &str) -> String {
+        let mut out = String::from("\"");
+        for c in key.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,52 +402,8 @@ mod tests {
     }
     mod properties {
         use super::*;
+        use crate::engine::key::model::{key as model, sf_string};
         use proptest::prelude::*;
-
-        /// The documented language, written independently of the parser: a bare token of
-        /// 1–255 bytes in `0x21..=0x7e` without `"`, or a Structured Field string whose
-        /// unescaped content is 1–255 characters of `0x20..=0x7e`.
-        fn model(raw: &[u8]) -> Option<String> {
-            let key = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
-                let mut out = String::new();
-                let mut inner = raw[1..raw.len() - 1].iter();
-                while let Some(&byte) = inner.next() {
-                    match byte {
-                        b'\\' => match inner.next() {
-                            Some(&escaped) if escaped == b'"' || escaped == b'\\' => {
-                                out.push(char::from(escaped))
-                            }
-                            _ => return None,
-                        },
-                        b'"' => return None,
-                        0x20..=0x7e => out.push(char::from(byte)),
-                        _ => return None,
-                    }
-                }
-                out
-            } else if raw
-                .iter()
-                .all(|&byte| (0x21..=0x7e).contains(&byte) && byte != b'"')
-            {
-                String::from_utf8(raw.to_vec()).ok()?
-            } else {
-                return None;
-            };
-            (1..=MAX_KEY_LEN).contains(&key.len()).then_some(key)
-        }
-
-        /// Serialises a key as a Structured Field string.
-        fn sf_string(key: &str) -> String {
-            let mut out = String::from("\"");
-            for c in key.chars() {
-                if c == '"' || c == '\\' {
-                    out.push('\\');
-                }
-                out.push(c);
-            }
-            out.push('"');
-            out
-        }
 
         /// Bytes biased towards the interesting ones: quotes, backslashes, space, the
         /// edges of printable ASCII, and anything else.
