@@ -19,11 +19,11 @@ use axum_idempotency::outbox::{
 use axum_idempotency::{Admin, Error, IdempotencyLayer, Inbox, OutboxState, Outcome, Sweeper};
 use common::*;
 use futures_util::StreamExt;
+use lapin::Connection;
 use lapin::options::{
     BasicAckOptions, BasicConsumeOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
 use serde_json::json;
 
 /// The outbox rows of a test's schema: (message id, topic, state, attempts, last error).
@@ -52,17 +52,8 @@ struct Queue {
 
 impl Queue {
     async fn new() -> Option<Self> {
-        let connection =
-            match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
-                Ok(connection) => connection,
-                Err(e) if std::env::var_os("CI").is_none() => {
-                    eprintln!("skipped: no RabbitMQ at {} ({e})", amqp_url());
-                    return None;
-                }
-                Err(e) => panic!("connect to RabbitMQ at AMQP_URL: {e}"),
-            };
         let queue = Self {
-            connection,
+            connection: common::rabbit::connect().await?,
             name: unique_name("outbox"),
         };
         queue.declare().await;
@@ -70,18 +61,7 @@ impl Queue {
     }
 
     async fn declare(&self) {
-        let channel = self.connection.create_channel().await.unwrap();
-        channel
-            .queue_declare(
-                self.name.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        common::rabbit::declare_durable(&self.connection, &self.name).await;
     }
 
     /// Consumes (and acks) `count` messages: (AMQP message id, body), in delivery order.

@@ -15,11 +15,10 @@ use common::*;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, QueueDeleteOptions,
 };
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
+use lapin::{BasicProperties, Channel, Connection, Consumer};
 use serde_json::json;
 use tokio::sync::Semaphore;
 
@@ -31,28 +30,9 @@ struct Broker {
 
 impl Broker {
     async fn new() -> Option<Self> {
-        let connection =
-            match Connection::connect(&amqp_url(), ConnectionProperties::default()).await {
-                Ok(connection) => connection,
-                Err(e) if std::env::var_os("CI").is_none() => {
-                    eprintln!("skipped: no RabbitMQ at {} ({e})", amqp_url());
-                    return None;
-                }
-                Err(e) => panic!("connect to RabbitMQ at AMQP_URL: {e}"),
-            };
+        let connection = common::rabbit::connect().await?;
         let queue = unique_name("coupons");
-        let channel = connection.create_channel().await.unwrap();
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .unwrap();
+        common::rabbit::declare_durable(&connection, &queue).await;
         Some(Self { connection, queue })
     }
 

@@ -5,6 +5,7 @@
 
 pub mod drivers;
 pub mod proxy;
+pub mod rabbit;
 pub mod recorder;
 
 pub use drivers::{Bb8, Deadpool, Driver, Sqlx, TestTx};
