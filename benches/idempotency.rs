@@ -28,7 +28,9 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Sweeper};
+use axum_idempotency::postgres::IdempotentTx;
+use axum_idempotency::postgres::PgStore;
+use axum_idempotency::{IdempotencyLayer, IdempotentLease, Sweeper};
 use deadpool_postgres::Pool;
 use serde::Deserialize;
 use serde_json::json;
@@ -144,7 +146,7 @@ async fn three_commit(
         .into_response()
 }
 
-fn app(pool: Pool, layer: IdempotencyLayer) -> Router {
+fn app(pool: Pool, layer: IdempotencyLayer<PgStore>) -> Router {
     let idempotent = Router::new()
         .route("/orders", post(atomic))
         .route("/lease", post(lease))

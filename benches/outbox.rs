@@ -213,7 +213,9 @@ async fn through_outbox(
         pool.clone(),
         RabbitPublisher::new(env("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")),
     )
-    .listen(database_url.parse().unwrap())
+    .listen(axum_idempotency::outbox::Listener::postgres(
+        database_url.parse().unwrap(),
+    ))
     .spawn();
     tokio::time::sleep(Duration::from_millis(300)).await;
     let committed = Arc::new(Mutex::new(HashMap::with_capacity(messages)));

@@ -12,7 +12,8 @@
 //! processed or duplicate → ack; gave up → reject without requeue (dead-letter it with a
 //! dead-letter exchange on the queue); failed → nack with requeue, so it is redelivered.
 
-use axum_idempotency::{Inbox, InboxError, Outcome};
+use axum_idempotency::inbox::Outcome;
+use axum_idempotency::{Inbox, InboxError};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use futures_util::StreamExt;
 use lapin::options::{

@@ -16,6 +16,7 @@
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use axum_idempotency::postgres::PgStore;
 use axum_idempotency::{Admin, MessageInfo, RecordInfo};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
@@ -230,7 +231,10 @@ fn print_message(message: &MessageInfo) {
     println!("expires       {}", when(message.expires_at));
 }
 
-async fn run(admin: &Admin, command: Command) -> Result<ExitCode, axum_idempotency::Error> {
+async fn run(
+    admin: &Admin<PgStore>,
+    command: Command,
+) -> Result<ExitCode, axum_idempotency::Error> {
     match command {
         Command::Show { key, scope } => match admin.lookup(&scope, &key).await? {
             Some(record) => print_record(&record),

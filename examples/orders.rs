@@ -35,8 +35,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use axum_idempotency::IdempotencyLayer;
 use axum_idempotency::outbox::OutboxMessage;
-use axum_idempotency::{IdempotencyLayer, IdempotentTx};
+use axum_idempotency::postgres::IdempotentTx;
+use axum_idempotency::postgres::PgStore;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde::{Deserialize, Serialize};
@@ -181,7 +183,10 @@ const PAY_ORDER: &str = "UPDATE orders SET status = 'PAID' \
 /// `payment-succeeded` message commit with the idempotency record, or not at all: the
 /// message is enqueued only when this request changed the order, so paying it again under
 /// another key answers the same and announces nothing.
-async fn pay_order(tx: IdempotentTx, Path(order_no): Path<String>) -> Result<Response, AppError> {
+async fn pay_order(
+    mut tx: IdempotentTx,
+    Path(order_no): Path<String>,
+) -> Result<Response, AppError> {
     let paid = tx.query_opt(PAY_ORDER, &[&order_no]).await?;
     if let Some(row) = paid {
         let user_id: i64 = row.get(0);
@@ -232,7 +237,7 @@ async fn get_order(
 }
 
 /// The application: the idempotent routes under the layer, `/metrics` beside them.
-fn app(pool: Pool, idempotency: IdempotencyLayer, metrics: PrometheusHandle) -> Router {
+fn app(pool: Pool, idempotency: IdempotencyLayer<PgStore>, metrics: PrometheusHandle) -> Router {
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{order_no}", get(get_order))
@@ -385,7 +390,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if std::env::var_os("PREPARED_STATEMENTS").is_some() {
         idempotency = idempotency.prepared_statements(prepared);
     }
-    let relay = relay::start(pool.clone(), &database_url, prepared).await?;
+    let wake = axum_idempotency::outbox::Listener::postgres(database_url.parse()?);
+    let relay = relay::start(pool.clone(), wake, prepared).await?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!(
         "orders example listening on http://{}",

@@ -360,7 +360,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .map(str::to_owned)
         })
         .prepared_statements(prepared);
-    let relay = relay::start(pool.clone(), &database_url, prepared).await?;
+    let wake = axum_idempotency::outbox::Listener::sqlx(&pool);
+    let relay = relay::start(pool.clone(), wake, prepared).await?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!(
         "orders example listening on http://{}",

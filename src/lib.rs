@@ -18,47 +18,57 @@
 //! Every SQL statement lives under `store/` and the driver modules; `migrations/` holds
 //! the SQL files every driver's `migrate` runs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Without a driver feature nothing can run; the build still compiles, quietly.
+#![cfg_attr(
+    not(any(feature = "postgres", feature = "sqlx")),
+    allow(dead_code, unused)
+)]
 
 #[cfg(feature = "__fuzz")]
 #[doc(hidden)]
 #[path = "fuzz.rs"]
 pub mod __fuzz;
-mod admin;
 #[cfg(feature = "client")]
 #[cfg_attr(docsrs, doc(cfg(feature = "client")))]
 pub mod client;
 mod engine;
-mod error;
 pub mod guide;
 mod http;
-mod inbox;
+pub mod inbox;
 #[cfg(feature = "utoipa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
+mod ops;
 pub mod outbox;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
+#[cfg(feature = "redis")]
+mod redis_front;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;
 mod store;
-mod sweeper;
 
-pub use crate::admin::{Admin, MessageInfo, OutboxInfo, OutboxState, RecordInfo};
 #[cfg(feature = "encryption")]
 #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 pub use crate::engine::crypto::BodyKeys;
 pub use crate::engine::crypto::EncryptionError;
+pub use crate::engine::error::Error;
 pub use crate::engine::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use crate::engine::policy::StoreDecision;
-pub use crate::error::Error;
+pub use crate::engine::view::{MessageInfo, OutboxInfo, OutboxState, RecordInfo};
 pub use crate::http::lease::IdempotentLease;
 pub use crate::http::rejection::{Rejection, RejectionKind};
-pub use crate::http::request::REPLAYED_HEADER;
+pub use crate::http::state::REPLAYED_HEADER;
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
-pub use crate::inbox::{Inbox, InboxError, Outcome};
-pub use crate::postgres::{IdempotentTx, TxStatement};
-pub use crate::store::{IntoStore, Store, check_schema, migrate};
-pub use crate::sweeper::{SweepReport, Sweeper, SweeperHandle};
+pub use crate::inbox::{Inbox, InboxError};
+pub use crate::ops::admin::Admin;
+pub use crate::ops::sweeper::{SweepReport, Sweeper, SweeperHandle};
+pub use crate::store::{
+    IdempotentTx, InboxStore, IntoStore, LeaseStore, MaintenanceStore, OutboxStore, Store,
+    check_schema, migrate,
+};
 /// The `redis` crate this one is built with (feature `redis`), so the
 /// [`Client`](redis::Client) given to [`IdempotencyLayer::redis`] is of the same version.
 #[cfg(feature = "redis")]

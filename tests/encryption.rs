@@ -12,6 +12,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
+use axum_idempotency::postgres::PgStore;
 use axum_idempotency::{BodyKeys, IdempotencyLayer, IdempotentLease, Inbox};
 use common::*;
 use serde_json::json;
@@ -23,7 +24,10 @@ const KEY_2: [u8; 32] = [0x22; 32];
 const AMOUNT: i64 = 987_654_321;
 const USER: i64 = 424_242;
 
-fn app(db: &TestDb, layer: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> Router {
+fn app(
+    db: &TestDb,
+    layer: impl FnOnce(IdempotencyLayer<PgStore>) -> IdempotencyLayer<PgStore>,
+) -> Router {
     let knobs = Arc::new(Knobs::default());
     router(knobs, layer(IdempotencyLayer::new(db.pool.clone())))
 }
@@ -297,7 +301,7 @@ async fn inbox_payloads_are_stored_encrypted() {
         .unwrap();
     assert!(matches!(
         duplicate,
-        axum_idempotency::Outcome::Duplicate { .. }
+        axum_idempotency::inbox::Outcome::Duplicate { .. }
     ));
 
     // Without `store_payload`, keys or not, no payload is kept at all.

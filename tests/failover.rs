@@ -25,7 +25,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum_idempotency::{Inbox, InboxError, Outcome};
+use axum_idempotency::inbox::Outcome;
+use axum_idempotency::{Inbox, InboxError};
 use common::*;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use sha2::{Digest, Sha256};

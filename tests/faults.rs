@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::http::StatusCode;
-use axum_idempotency::{Error, IdempotencyLayer, IdempotentTx, Inbox, InboxError, Outcome};
+use axum_idempotency::inbox::Outcome;
+use axum_idempotency::postgres::IdempotentTx;
+use axum_idempotency::{Error, IdempotencyLayer, Inbox, InboxError};
 use common::proxy::{COMMIT_QUERY, Proxy};
 use common::*;
 use serde_json::json;

@@ -12,12 +12,14 @@ use axum::extract::State;
 use axum::http::{HeaderValue, Request, StatusCode, header};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::{IdempotencyLayer, IdempotentTx};
+use axum_idempotency::IdempotencyLayer;
+use axum_idempotency::postgres::IdempotentTx;
+use axum_idempotency::postgres::PgStore;
 use common::*;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-fn app(layer: IdempotencyLayer) -> (Router, Arc<Knobs>) {
+fn app(layer: IdempotencyLayer<PgStore>) -> (Router, Arc<Knobs>) {
     let knobs = Arc::new(Knobs::default());
     (router(Arc::clone(&knobs), layer), knobs)
 }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use axum_idempotency::{Error, Inbox, InboxError, Outcome};
+use axum_idempotency::inbox::Outcome;
+use axum_idempotency::{Error, Inbox, InboxError};
 use common::*;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::{IdempotencyLayer, IdempotentLease, Inbox};
+use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox};
 use common::recorder::{Capture, Recorder};
 use common::*;
 use serde_json::{Value, json};
@@ -112,8 +112,8 @@ fn app<D: Driver>(
 ) -> Router {
     Router::new()
         .route("/charges", post(charge))
-        .route("/orders", post(order::<D::Tx>))
-        .route("/both", post(both::<D::Tx>))
+        .route("/orders", post(order::<IdempotentTx<D::Store>>))
+        .route("/both", post(both::<IdempotentTx<D::Store>>))
         .layer(layer(IdempotencyLayer::new(D::pool(db))))
         .layer(Extension(Arc::clone(seen)))
 }

@@ -13,10 +13,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum_idempotency::inbox::Outcome;
 use axum_idempotency::outbox::{
     MessageError, OutboxMessage, OutboxRelay, Outgoing, PublishError, Publisher, RabbitPublisher,
 };
-use axum_idempotency::{Admin, Error, IdempotencyLayer, Inbox, OutboxState, Outcome, Sweeper};
+use axum_idempotency::{Admin, Error, IdempotencyLayer, Inbox, OutboxState, Sweeper};
 use common::*;
 use futures_util::StreamExt;
 use lapin::Connection;
@@ -766,7 +767,9 @@ async fn a_listening_relay_wakes_on_commit_and_a_polling_one_still_delivers() {
     };
     let db = TestDb::new(4).await;
     let listening = OutboxRelay::new(db.pool.clone(), RabbitPublisher::new(amqp_url()))
-        .listen(database_url().parse().unwrap())
+        .listen(axum_idempotency::outbox::Listener::postgres(
+            database_url().parse().unwrap(),
+        ))
         .poll_interval(Duration::from_secs(60))
         .spawn();
     // Its first batch runs at once, and its LISTEN is up once it has settled.
@@ -826,7 +829,10 @@ async fn a_relay_listens_over_tls() {
         .build()
         .unwrap();
     let relay = OutboxRelay::new(db.pool.clone(), RabbitPublisher::new(amqp_url()))
-        .listen_with_tls(config, postgres_native_tls::MakeTlsConnector::new(tls))
+        .listen(axum_idempotency::outbox::Listener::postgres_with_tls(
+            config,
+            postgres_native_tls::MakeTlsConnector::new(tls),
+        ))
         .poll_interval(Duration::from_secs(60))
         .spawn();
     let mut listener = None;

@@ -20,9 +20,10 @@ use axum::Json;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::routing::post;
+use axum_idempotency::inbox::Outcome;
+use axum_idempotency::postgres::IdempotentTx;
 use axum_idempotency::{
-    Admin, Error, IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox, InboxError, Outcome,
-    Sweeper,
+    Admin, Error, IdempotencyLayer, IdempotentLease, Inbox, InboxError, Sweeper,
 };
 use common::{
     Knobs, connect, database_url, post_json, router, scoped, send, start_orders_example,

@@ -10,7 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum_idempotency::{Error, Inbox, InboxError, Outcome};
+use axum_idempotency::inbox::Outcome;
+use axum_idempotency::postgres::PgStore;
+use axum_idempotency::{Error, Inbox, InboxError};
 use common::*;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
@@ -117,7 +119,10 @@ async fn coupon_db() -> TestDb {
 }
 
 /// Grants the coupon of one delivery through the inbox, as `examples/coupon_consumer.rs`.
-async fn grant(inbox: &Inbox, delivery: &Delivery) -> Result<Outcome<()>, InboxError<Error>> {
+async fn grant(
+    inbox: &Inbox<PgStore>,
+    delivery: &Delivery,
+) -> Result<Outcome<()>, InboxError<Error>> {
     let id = message_id(delivery);
     let body: serde_json::Value = serde_json::from_slice(&delivery.data).unwrap();
     let user_id = body["user_id"].as_i64().unwrap();

@@ -7,9 +7,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum_idempotency::{
-    Admin, Error, IdempotencyLayer, Inbox, InboxError, KeyError, Outcome, Sweeper,
-};
+use axum_idempotency::inbox::Outcome;
+use axum_idempotency::{Admin, Error, IdempotencyLayer, Inbox, InboxError, KeyError, Sweeper};
 use common::recorder::{Capture, Recorder};
 use common::*;
 use serde_json::json;

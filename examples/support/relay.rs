@@ -12,11 +12,12 @@ pub(crate) fn payments_queue() -> String {
 #[cfg(feature = "rabbitmq")]
 pub(crate) async fn start<P>(
     pool: P,
-    database_url: &str,
+    listener: axum_idempotency::outbox::Listener,
     prepared: bool,
 ) -> Result<Option<axum_idempotency::outbox::RelayHandle>, Box<dyn std::error::Error>>
 where
     P: axum_idempotency::IntoStore,
+    P::Store: axum_idempotency::OutboxStore,
 {
     use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
 
@@ -47,7 +48,7 @@ where
     // Behind a transaction-pooling PgBouncer (no prepared statements) LISTEN does not
     // work: poll alone.
     if prepared {
-        relay = relay.listen(database_url.parse()?);
+        relay = relay.listen(listener);
     }
     let relay = relay.spawn();
     println!("outbox relay publishing paid orders to queue {queue}");
@@ -57,7 +58,7 @@ where
 #[cfg(not(feature = "rabbitmq"))]
 pub(crate) async fn start<P>(
     _pool: P,
-    _database_url: &str,
+    _listener: axum_idempotency::outbox::Listener,
     _prepared: bool,
 ) -> Result<Option<NoRelay>, Box<dyn std::error::Error>> {
     if std::env::var_os("AMQP_URL").is_some() {

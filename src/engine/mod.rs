@@ -4,13 +4,14 @@
 
 pub(crate) mod cache;
 pub(crate) mod crypto;
+pub(crate) mod error;
 pub(crate) mod fingerprint;
-#[cfg(feature = "redis")]
-pub(crate) mod front;
 pub(crate) mod key;
 pub(crate) mod limit;
+pub(crate) mod listener;
 pub(crate) mod outbox;
 pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod shared_tx;
 pub(crate) mod telemetry;
+pub(crate) mod view;

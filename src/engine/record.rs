@@ -193,7 +193,7 @@ pub enum CommitError {
     Conflict,
     /// The insert or the COMMIT failed — or its answer was lost, so the outcome is
     /// unknown: nothing stored, or committed and replayable.
-    Failed(crate::Error),
+    Failed(crate::engine::error::Error),
 }
 
 /// What a lease claim found.

@@ -46,6 +46,7 @@ impl<C> SharedTx<C> {
     }
 
     /// Shared access, for a handle running a statement.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) async fn read(&self) -> RwLockReadGuard<'_, Option<C>> {
         self.slot.read().await
     }
@@ -91,6 +92,7 @@ pub(crate) struct HandleToken<C> {
 }
 
 impl<C> HandleToken<C> {
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn shared(&self) -> &SharedTx<C> {
         &self.shared
     }

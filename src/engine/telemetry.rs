@@ -15,6 +15,8 @@
 //! | `idempotency_stale_processing_oldest_seconds` | gauge | | how long the oldest of them is past its lease |
 //! | `idempotency_purged_total` | counter | `table` | records purged by the sweeper |
 //! | `idempotency_stale_marked_failed_total` | counter | | stale PROCESSING records the sweeper marked FAILED |
+//! | `idempotency_sweeper_runs_total` | counter | | sweeper passes that completed |
+//! | `idempotency_sweeper_last_run_timestamp_seconds` | gauge | | Unix time at the end of the last completed sweeper pass |
 //! | `idempotency_outbox_published_total` | counter | | outbox messages the broker confirmed |
 //! | `idempotency_outbox_publish_failures_total` | counter | `reason` (`refused`, `unavailable`) | failed publishes: the broker refused the message, or was unavailable |
 //! | `idempotency_outbox_parked_total` | counter | | outbox messages parked as FAILED after `max_attempts` refusals |
@@ -36,6 +38,8 @@ pub(crate) const PURGED: &str = "idempotency_purged_total";
 pub(crate) const STALE_PROCESSING: &str = "idempotency_stale_processing";
 pub(crate) const STALE_OLDEST_SECONDS: &str = "idempotency_stale_processing_oldest_seconds";
 pub(crate) const STALE_MARKED_FAILED: &str = "idempotency_stale_marked_failed_total";
+pub(crate) const SWEEPER_RUNS: &str = "idempotency_sweeper_runs_total";
+pub(crate) const SWEEPER_LAST_RUN: &str = "idempotency_sweeper_last_run_timestamp_seconds";
 pub(crate) const OUTBOX_PUBLISHED: &str = "idempotency_outbox_published_total";
 pub(crate) const OUTBOX_PUBLISH_FAILURES: &str = "idempotency_outbox_publish_failures_total";
 pub(crate) const OUTBOX_PARKED: &str = "idempotency_outbox_parked_total";
@@ -118,6 +122,15 @@ pub(crate) fn stale_processing(count: u64, oldest: Option<Duration>) {
 
 pub(crate) fn stale_marked_failed(rows: u64) {
     metrics::counter!(STALE_MARKED_FAILED).increment(rows);
+}
+
+/// A sweeper pass completed now.
+pub(crate) fn sweeper_ran() {
+    metrics::counter!(SWEEPER_RUNS).increment(1);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64());
+    metrics::gauge!(SWEEPER_LAST_RUN).set(now);
 }
 
 pub(crate) fn outbox_settled(published: usize, parked: u64) {

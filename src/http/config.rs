@@ -13,10 +13,10 @@ use tokio_util::task::TaskTracker;
 use crate::engine::cache::ResponseCache;
 use crate::engine::crypto::BodyKeys;
 use crate::engine::fingerprint::Fingerprinter;
-#[cfg(feature = "redis")]
-use crate::engine::front::redis::{RedisFront, RedisOptions};
 use crate::engine::limit::AttemptLimiter;
 use crate::http::rejection::RejectionHandler;
+#[cfg(feature = "redis")]
+use crate::redis_front::{RedisFront, RedisOptions};
 
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 

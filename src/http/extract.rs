@@ -12,8 +12,8 @@ use crate::engine::key::KeyError;
 use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::lease::IdempotentLease;
 use crate::http::rejection::{Rejection, RejectionKind};
-use crate::http::request::RequestState;
-use crate::store::Store;
+use crate::http::state::RequestState;
+use crate::store::{IdempotentTx, LeaseStore, Store};
 
 /// Request extension: a keyed request on a covered method, for the extractors of the
 /// layer's driver.
@@ -40,7 +40,7 @@ pub(crate) trait Claimant: Send + Sync + 'static {
     ) -> futures_util::future::BoxFuture<'static, Result<IdempotentLease, Response>>;
 }
 
-impl<D: Store> Claimant for RequestState<D> {
+impl<D: LeaseStore> Claimant for RequestState<D> {
     fn driver(&self) -> &'static str {
         D::DRIVER
     }
@@ -133,7 +133,7 @@ pub(crate) fn keyed_rejection<T>(
 
 /// What a driver's transaction extractor does: find the request's state, claim the key,
 /// and free the Redis pre-filter's lock when the claim answers without running the handler.
-pub(crate) async fn extract_tx<D: Store>(
+pub(crate) async fn extract_tx<D: LeaseStore>(
     parts: &Parts,
     extractor: &str,
 ) -> Result<D::Handle, Response> {
@@ -162,20 +162,12 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotentLease {
     }
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for crate::postgres::IdempotentTx {
+impl<S: Send + Sync, D: LeaseStore> FromRequestParts<S> for IdempotentTx<D> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        extract_tx::<crate::postgres::PgStore>(parts, "IdempotentTx").await
-    }
-}
-
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
-impl<S: Send + Sync> FromRequestParts<S> for crate::sqlx::IdempotentTx {
-    type Rejection = Response;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        extract_tx::<crate::sqlx::SqlxStore>(parts, "axum_idempotency::sqlx::IdempotentTx").await
+        extract_tx::<D>(parts, "IdempotentTx")
+            .await
+            .map(IdempotentTx::new)
     }
 }

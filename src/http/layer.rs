@@ -12,12 +12,11 @@ use super::Idempotency;
 use crate::Rejection;
 use crate::engine::cache::ResponseCache;
 use crate::engine::fingerprint::parse_pointer;
-#[cfg(feature = "redis")]
-use crate::engine::front::redis::{RedisFront, RedisOptions};
 use crate::engine::limit::{AttemptLimiter, TRACKED_KEYS};
 use crate::http::config::{Config, StoreDecision};
-use crate::postgres::PgStore;
-use crate::store::{IntoStore, Store};
+#[cfg(feature = "redis")]
+use crate::redis_front::{RedisFront, RedisOptions};
+use crate::store::{IntoStore, LeaseStore, Store};
 
 /// Makes POST and PATCH handlers that take [`IdempotentTx`](crate::IdempotentTx) take
 /// effect once per `Idempotency-Key`, storing the response in the same PostgreSQL
@@ -35,7 +34,8 @@ use crate::store::{IntoStore, Store};
 ///
 /// ```no_run
 /// use axum::{Router, routing::post};
-/// use axum_idempotency::{IdempotencyLayer, IdempotentTx};
+/// use axum_idempotency::{IdempotencyLayer};
+/// use axum_idempotency::postgres::IdempotentTx;
 /// use std::time::Duration;
 ///
 /// # async fn create_order(_tx: IdempotentTx) {}
@@ -58,7 +58,7 @@ use crate::store::{IntoStore, Store};
 ///     .layer(layer)
 /// # }
 /// ```
-pub struct IdempotencyLayer<D: Store = PgStore> {
+pub struct IdempotencyLayer<D: Store> {
     config: Arc<Config<D>>,
 }
 
@@ -78,7 +78,7 @@ impl<D: Store + std::fmt::Debug> std::fmt::Debug for IdempotencyLayer<D> {
     }
 }
 
-impl<D: Store> IdempotencyLayer<D> {
+impl<D: LeaseStore> IdempotencyLayer<D> {
     /// A layer that stores records through `pool` — a deadpool or bb8 pool of
     /// tokio-postgres connections, an `sqlx::PgPool`, or a [`Store`] (see [`IntoStore`]) —
     /// with the defaults described on each builder method. Run [`migrate`](crate::migrate)
@@ -528,7 +528,7 @@ impl<D: Store> IdempotencyLayer<D> {
     }
 }
 
-impl<S, D: Store> Layer<S> for IdempotencyLayer<D> {
+impl<S, D: LeaseStore> Layer<S> for IdempotencyLayer<D> {
     type Service = Idempotency<S, D>;
 
     fn layer(&self, inner: S) -> Self::Service {

@@ -33,8 +33,8 @@ use crate::engine::record::{LeaseClaim, LeaseEnd, encode_headers};
 use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::config::StoreDecision;
 use crate::http::rejection::{Rejection, RejectionKind};
-use crate::http::request::RequestState;
-use crate::store::Store;
+use crate::http::state::RequestState;
+use crate::store::LeaseStore;
 
 /// The extractor that makes a route idempotent in lease mode.
 ///
@@ -87,7 +87,7 @@ impl fmt::Debug for IdempotentLease {
 
 /// Lease mode's steps of a keyed request: the claim that commits PROCESSING, and the fenced
 /// completion.
-impl<D: Store> RequestState<D> {
+impl<D: LeaseStore> RequestState<D> {
     /// Lease mode, the extractor's work: commit a PROCESSING record (or take over an
     /// abandoned one) with a fresh fencing token.
     pub(crate) async fn claim_lease_inner(self: &Arc<Self>) -> Result<IdempotentLease, Response> {
@@ -109,7 +109,7 @@ impl<D: Store> RequestState<D> {
             )
             .await
             .map_err(|e| {
-                tracing::warn!(record = %self.id, error = %crate::error::Chain(&e), "lease claim failed");
+                tracing::warn!(record = %self.id, error = %crate::engine::error::Chain(&e), "lease claim failed");
                 self.unavailable(e)
             })?;
         telemetry::claim_time("lease", started);
@@ -219,7 +219,7 @@ impl<D: Store> RequestState<D> {
                 )
             }
             Err(e) => {
-                tracing::error!(record = %self.id, error = %crate::error::Chain(&e), "could not store the lease result");
+                tracing::error!(record = %self.id, error = %crate::engine::error::Chain(&e), "could not store the lease result");
                 telemetry::request(RequestOutcome::StoreError);
                 self.reject(
                     Rejection::new(

@@ -5,13 +5,13 @@
 
 pub(crate) mod config;
 pub(crate) mod extract;
-mod fronts;
+mod front;
 mod future;
 mod layer;
 pub(crate) mod lease;
 pub(crate) mod rejection;
-pub(crate) mod request;
 mod service;
+pub(crate) mod state;
 
 pub use self::future::ResponseFuture;
 pub use self::layer::IdempotencyLayer;

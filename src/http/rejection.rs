@@ -322,7 +322,7 @@ pub(crate) fn finalize(response: Response, handler: Option<&RejectionHandler>) -
 ///
 /// ```no_run
 /// use axum::http::StatusCode;
-/// use axum_idempotency::IdempotentTx;
+/// use axum_idempotency::postgres::IdempotentTx;
 ///
 /// async fn create_order(tx: IdempotentTx) -> Result<StatusCode, axum_idempotency::Error> {
 ///     tx.execute("INSERT INTO orders (user_id, amount) VALUES (1001, 299)", &[]).await?;
@@ -330,7 +330,7 @@ pub(crate) fn finalize(response: Response, handler: Option<&RejectionHandler>) -
 /// }
 /// # let _: axum::routing::MethodRouter = axum::routing::post(create_order);
 /// ```
-impl IntoResponse for crate::Error {
+impl IntoResponse for crate::engine::error::Error {
     fn into_response(self) -> Response {
         let rejection = if self.is_schema_missing() {
             Rejection::new(
@@ -395,10 +395,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_handler_error_answers_by_what_a_retry_can_do() {
-        let unreachable = crate::Error::Pool("no connection in time".into()).into_response();
+        let unreachable =
+            crate::engine::error::Error::Pool("no connection in time".into()).into_response();
         assert_eq!(unreachable.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(unreachable.headers()[header::RETRY_AFTER], "1");
-        let misuse = crate::Error::TransactionEnded.into_response();
+        let misuse = crate::engine::error::Error::TransactionEnded.into_response();
         assert_eq!(misuse.status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert!(misuse.headers().get(header::RETRY_AFTER).is_none());
         let body = misuse.into_body().collect().await.unwrap().to_bytes();

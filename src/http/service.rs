@@ -20,12 +20,11 @@ use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::config::Config;
 use crate::http::extract::{Idempotent, KeyInvalid, KeyMissing, Keyed, MethodNotCovered};
 use crate::http::rejection::{Rejection, RejectionKind, finalize};
-use crate::http::request::RequestState;
-use crate::postgres::PgStore;
-use crate::store::{IntoStore, Store};
+use crate::http::state::RequestState;
+use crate::store::{IntoStore, LeaseStore, Store};
 
 /// The middleware built by [`IdempotencyLayer`], over the driver `D`.
-pub struct Idempotency<S, D: Store = PgStore> {
+pub struct Idempotency<S, D: Store> {
     inner: S,
     config: Arc<Config<D>>,
 }
@@ -48,7 +47,7 @@ impl<S: std::fmt::Debug, D: Store + std::fmt::Debug> std::fmt::Debug for Idempot
     }
 }
 
-impl Idempotency<()> {
+impl<D: LeaseStore> Idempotency<(), D> {
     /// Shortcut for [`IdempotencyLayer::new`].
     ///
     /// ```no_run
@@ -58,12 +57,12 @@ impl Idempotency<()> {
     /// let layer = Idempotency::layer(pool);
     /// # }
     /// ```
-    pub fn layer<P: IntoStore>(pool: P) -> IdempotencyLayer<P::Store> {
+    pub fn layer<P: IntoStore<Store = D>>(pool: P) -> IdempotencyLayer<D> {
         IdempotencyLayer::new(pool)
     }
 }
 
-impl<S, D: Store> Idempotency<S, D> {
+impl<S, D: LeaseStore> Idempotency<S, D> {
     pub(crate) fn new(inner: S, config: Arc<Config<D>>) -> Self {
         Self { inner, config }
     }
@@ -86,7 +85,7 @@ impl<S, D: Store> Idempotency<S, D> {
 
 impl<S, D, B, ResBody> Service<Request<B>> for Idempotency<S, D>
 where
-    D: Store,
+    D: LeaseStore,
     S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -149,7 +148,7 @@ async fn run<S, D, B, ResBody>(
     req: Request<B>,
 ) -> Result<Response, S::Error>
 where
-    D: Store,
+    D: LeaseStore,
     S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
@@ -217,7 +216,7 @@ enum Outcome<E> {
 /// Runs the handler under the deadline, catching panics, then completes the transaction.
 async fn execute<D, F, ResBody, E>(handler: F, state: Arc<RequestState<D>>) -> Outcome<E>
 where
-    D: Store,
+    D: LeaseStore,
     F: std::future::Future<Output = Result<Response<ResBody>, E>>,
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<axum::BoxError>,

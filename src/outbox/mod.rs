@@ -23,7 +23,6 @@
 //! The guide [`crate::guide::outbox`] has the whole story: guarantees, ordering, the
 //! metrics, running behind PgBouncer.
 
-mod listen;
 mod publisher;
 #[cfg(feature = "rabbitmq")]
 mod rabbit;
@@ -34,4 +33,5 @@ pub use self::publisher::{PublishError, Publisher};
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub use self::rabbit::RabbitPublisher;
 pub use self::relay::{OutboxRelay, RelayHandle, RelayReport};
+pub use crate::engine::listener::Listener;
 pub use crate::engine::outbox::{Enqueued, MessageError, OutboxMessage, Outgoing};

@@ -10,12 +10,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{Outgoing, PublishError, Publisher};
-use crate::Error;
+use crate::engine::error::Chain;
+use crate::engine::error::Error;
+use crate::engine::listener::Listener;
 use crate::engine::outbox::{Settlement, lanes};
 use crate::engine::telemetry;
-use crate::error::Chain;
-use crate::postgres::PgStore;
-use crate::store::{IntoStore, Store};
+use crate::store::{IntoStore, OutboxStore, Store};
 
 /// The relay: takes the outbox's pending messages in batches and hands them to a
 /// [`Publisher`].
@@ -35,11 +35,11 @@ use crate::store::{IntoStore, Store};
 /// # #[cfg(feature = "rabbitmq")]
 /// # async fn run(pool: deadpool_postgres::Pool, database_url: &str) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
+/// use axum_idempotency::outbox::{Listener, OutboxRelay, RabbitPublisher};
 ///
 /// let relay = OutboxRelay::new(pool, RabbitPublisher::new("amqp://guest:guest@127.0.0.1:5672/%2f"))
 ///     // Woken within milliseconds of a COMMIT; polls every 5 s as a fallback.
-///     .listen(database_url.parse()?)
+///     .listen(Listener::postgres(database_url.parse()?))
 ///     .poll_interval(Duration::from_secs(5))
 ///     .spawn();
 /// // ... serve ...
@@ -47,7 +47,7 @@ use crate::store::{IntoStore, Store};
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct OutboxRelay<P, D: Store = PgStore> {
+pub struct OutboxRelay<P, D: Store> {
     store: D,
     publisher: P,
     config: RelayConfig,
@@ -68,7 +68,7 @@ struct RelayConfig {
     max_retry_delay: Duration,
     max_backoff: Duration,
     publish_timeout: Duration,
-    listen: Option<(tokio_postgres::Config, super::listen::Connect)>,
+    listen: Option<Listener>,
 }
 
 /// What one [`OutboxRelay::run_once`] did.
@@ -90,7 +90,7 @@ pub struct RelayReport {
     pub unavailable: bool,
 }
 
-impl<P: Publisher, D: Store> OutboxRelay<P, D> {
+impl<P: Publisher, D: OutboxStore> OutboxRelay<P, D> {
     /// A relay over the outbox in `pool`'s database (any pool the crate supports, see
     /// [`IntoStore`]) that publishes through `publisher`. Run
     /// [`migrate`](crate::migrate) first.
@@ -163,47 +163,12 @@ impl<P: Publisher, D: Store> OutboxRelay<P, D> {
     }
 
     /// Wakes the spawned relay within milliseconds of a COMMIT that enqueued messages:
-    /// it keeps a connection of its own (made from `config`, without TLS; see
-    /// [`listen_with_tls`](Self::listen_with_tls)) that `LISTEN`s for the outbox table's
-    /// trigger, and reconnects when it is lost. Polling stays on as the fallback. Not
-    /// behind PgBouncer in transaction pooling mode: connect `config` to PostgreSQL
-    /// directly, or leave this off and poll. Default: off.
+    /// `listener` keeps a connection of its own that `LISTEN`s for the outbox table's
+    /// trigger, and reconnects when it is lost. Polling stays on as the fallback. Build the
+    /// listener from your driver ([`Listener`]). Default: off.
     #[must_use]
-    pub fn listen(self, config: tokio_postgres::Config) -> Self {
-        self.listen_with_tls(config, tokio_postgres::NoTls)
-    }
-
-    /// [`listen`](Self::listen) over TLS: `tls` is any tokio-postgres TLS connector
-    /// (`postgres_native_tls::MakeTlsConnector`, `tokio_postgres_rustls::MakeRustlsConnect`,
-    /// ...), used for every (re)connection. Whether TLS is required is `config`'s
-    /// `sslmode`.
-    ///
-    /// ```no_run
-    /// # async fn run(pool: deadpool_postgres::Pool, amqp_url: String) -> Result<(), Box<dyn std::error::Error>> {
-    /// use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
-    ///
-    /// let tls = native_tls::TlsConnector::new()?;
-    /// let relay = OutboxRelay::new(pool, RabbitPublisher::new(amqp_url))
-    ///     .listen_with_tls(
-    ///         "host=db.example.com user=app sslmode=require".parse()?,
-    ///         postgres_native_tls::MakeTlsConnector::new(tls),
-    ///     )
-    ///     .spawn();
-    /// # Ok(()) }
-    /// ```
-    #[must_use]
-    pub fn listen_with_tls<T>(mut self, config: tokio_postgres::Config, tls: T) -> Self
-    where
-        T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        T::Stream: Send + 'static,
-        T::TlsConnect: Send,
-        <T::TlsConnect as tokio_postgres::tls::TlsConnect<tokio_postgres::Socket>>::Future: Send,
-    {
-        self.config.listen = Some((config, super::listen::connector(tls)));
+    pub fn listen(mut self, listener: Listener) -> Self {
+        self.config.listen = Some(listener);
         self
     }
 
@@ -353,14 +318,11 @@ impl<P: Publisher, D: Store> OutboxRelay<P, D> {
     pub fn spawn(self) -> RelayHandle {
         let token = CancellationToken::new();
         let wake = Arc::new(Notify::new());
-        let listener = self.config.listen.clone().map(|(config, connect)| {
-            tokio::spawn(super::listen::run(
-                config,
-                connect,
-                Arc::clone(&wake),
-                token.clone(),
-            ))
-        });
+        let listener = self
+            .config
+            .listen
+            .clone()
+            .map(|listener| tokio::spawn(listener.run(Arc::clone(&wake), token.clone())));
         let stop = token.clone();
         let task = tokio::spawn(async move { self.run(&wake, &stop).await });
         RelayHandle {

@@ -1,12 +1,20 @@
 //! A pooled connection that may be inside a transaction, and the rule that it never goes
-//! back to its pool inside one.
+//! back to its pool inside one; the checkout and the statement helpers every concern of
+//! the driver shares.
 
 use std::fmt;
 use std::time::Duration;
 
-use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row};
 
+use super::PgStore;
 use super::pool::PooledClient;
+use super::statement::{self, Db, Sql};
+use crate::engine::error::Error;
+use crate::engine::record::Backlog;
+use crate::store::sql;
 
 /// How long a background ROLLBACK may take before the connection is discarded instead.
 const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -110,4 +118,89 @@ async fn rollback_or_discard(mut guard: DiscardOnDrop) {
         // Clean: back to the pool.
         drop(guard.0.take());
     }
+}
+
+impl PgStore {
+    pub(crate) fn db<'a>(&self, conn: &'a dyn super::PooledClient) -> Db<'a> {
+        Db::new(conn, self.prepared)
+    }
+
+    pub(crate) async fn checkout(&self) -> Result<Box<dyn super::PooledClient>, Error> {
+        self.pool.get().await.map_err(Error::Pool)
+    }
+
+    /// Runs one statement on a connection of its own and maps its rows.
+    pub(crate) async fn rows<T>(
+        &self,
+        sql: &'static Sql,
+        params: &[&(dyn ToSql + Sync)],
+        map: fn(&Row) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Vec<T>, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let statement = db.prepare(sql).await?;
+        let rows = db.query(&statement, params).await?;
+        Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+    }
+
+    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
+    pub(crate) async fn backlog(&self, sql: &'static Sql) -> Result<Backlog, Error> {
+        let mut rows = self
+            .rows(sql, &[], |row| {
+                Ok(Backlog {
+                    count: row.try_get(0)?,
+                    oldest_seconds: row.try_get(1)?,
+                })
+            })
+            .await?;
+        Ok(rows.pop().unwrap_or_default())
+    }
+}
+
+pub(crate) fn lock_timeout(wait: Duration) -> String {
+    format!("{}ms", wait.as_millis().max(1))
+}
+
+/// `BEGIN`, the key's lock awaited for at most `wait`, and `lookup` after it, pipelined in
+/// one round trip; `Ok(None)` when the lock was not granted in time (the transaction is
+/// then aborted, and rolls back when the connection is dropped).
+pub(crate) async fn begin_wait_and_look_up(
+    db: Db<'_>,
+    lock_key: i64,
+    wait: Duration,
+    lookup: &'static Sql,
+    lookup_params: &[&(dyn ToSql + Sync)],
+    savepoint: Option<&'static str>,
+) -> Result<Option<Option<Row>>, Error> {
+    let set_timeout = db.prepare(&statement::SET_LOCK_TIMEOUT).await?;
+    let lock = db.prepare(&statement::WAIT_LOCK).await?;
+    let lookup = db.prepare(lookup).await?;
+    let client = db.client();
+    let timeout = lock_timeout(wait);
+    let timeout_params: [&(dyn ToSql + Sync); 1] = [&timeout];
+    let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+    let (begin, timeout_set, locked, reset, found, saved) = tokio::join!(
+        biased;
+        client.batch_execute("BEGIN"),
+        db.query_one(&set_timeout, &timeout_params),
+        db.query_one(&lock, &lock_params),
+        client.batch_execute(sql::RESET_LOCK_TIMEOUT),
+        db.query_opt(&lookup, lookup_params),
+        async {
+            match savepoint {
+                Some(savepoint) => client.batch_execute(savepoint).await,
+                None => Ok(()),
+            }
+        },
+    );
+    begin?;
+    timeout_set?;
+    match locked {
+        Err(e) if e.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => return Ok(None),
+        locked => locked?,
+    };
+    reset?;
+    let found = found?;
+    saved?;
+    Ok(Some(found))
 }

@@ -6,114 +6,140 @@ use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
 use super::PgStore;
-use super::conn::TxConn;
-use super::db::{self, Db};
-use super::store::begin_wait_and_look_up;
-use crate::Error;
+use super::conn::{TxConn, begin_wait_and_look_up};
+use super::statement::{self, Db};
+use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
-use crate::store::sql;
+use crate::engine::view::MessageInfo;
+use crate::store::{InboxStore, rows, sql};
 
-/// One round trip once prepared.
-pub(super) async fn claim(
-    store: &PgStore,
-    id: RecordId,
-    group: &str,
-    message_id: &str,
-    wait: Duration,
-) -> Result<InboxClaim<TxConn>, Error> {
-    let conn = TxConn::new(store.checkout().await?, store.prepared);
-    let db = store.db(conn.pooled());
-    let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
-    let Some(found) = begin_wait_and_look_up(
-        db,
-        id.lock_key(),
-        wait,
-        &db::INBOX_LOOKUP,
-        &lookup_params,
-        Some(sql::INBOX_WORK_SAVEPOINT),
-    )
-    .await?
-    else {
-        return Ok(InboxClaim::Busy);
-    };
-    let record = match found {
-        Some(row) => Some(InboxRecord {
-            succeeded: row.try_get(0)?,
-            attempts: row.try_get(1)?,
-            last_error: row.try_get(2)?,
-            live: row.try_get(3)?,
-            payload_digest: row.try_get(4)?,
-        }),
-        None => None,
-    };
-    Ok(InboxClaim::Locked(conn, record))
-}
+impl InboxStore for PgStore {
+    /// One round trip once prepared.
+    async fn inbox_claim(
+        &self,
+        id: RecordId,
+        group: &str,
+        message_id: &str,
+        wait: Duration,
+    ) -> Result<InboxClaim<TxConn>, Error> {
+        let conn = TxConn::new(self.checkout().await?, self.prepared);
+        let db = self.db(conn.pooled());
+        let lookup_params: [&(dyn ToSql + Sync); 2] = [&group, &message_id];
+        let Some(found) = begin_wait_and_look_up(
+            db,
+            id.lock_key(),
+            wait,
+            &statement::INBOX_LOOKUP,
+            &lookup_params,
+            Some(sql::INBOX_WORK_SAVEPOINT),
+        )
+        .await?
+        else {
+            return Ok(InboxClaim::Busy);
+        };
+        let record = match found {
+            Some(row) => Some(InboxRecord {
+                succeeded: row.try_get(0)?,
+                attempts: row.try_get(1)?,
+                last_error: row.try_get(2)?,
+                live: row.try_get(3)?,
+                payload_digest: row.try_get(4)?,
+            }),
+            None => None,
+        };
+        Ok(InboxClaim::Locked(conn, record))
+    }
 
-/// Pipelined in one round trip.
-pub(super) async fn commit(
-    conn: &mut TxConn,
-    write: &InboxWrite<'_>,
-    attempts: i32,
-) -> Result<(), Error> {
-    let db = Db::new(conn.pooled(), conn.prepared());
-    let statement = db.prepare(&db::INBOX_RECORD_SUCCESS).await?;
-    let retention = write.retention.as_secs_f64();
-    let params: [&(dyn ToSql + Sync); 7] = [
-        &write.group,
-        &write.message_id,
-        &attempts,
-        &write.payload_digest,
-        &write.payload,
-        &write.payload_key_id,
-        &retention,
-    ];
-    let (written, committed) = tokio::join!(
-        biased;
-        db.execute(&statement, &params),
-        db.client().batch_execute("COMMIT"),
-    );
-    written?;
-    committed?;
-    conn.mark_ended();
-    Ok(())
-}
+    /// Pipelined in one round trip.
+    async fn inbox_commit(
+        conn: &mut TxConn,
+        write: &InboxWrite<'_>,
+        attempts: i32,
+    ) -> Result<(), Error> {
+        let db = Db::new(conn.pooled(), conn.prepared());
+        let statement = db.prepare(&statement::INBOX_RECORD_SUCCESS).await?;
+        let retention = write.retention.as_secs_f64();
+        let params: [&(dyn ToSql + Sync); 7] = [
+            &write.group,
+            &write.message_id,
+            &attempts,
+            &write.payload_digest,
+            &write.payload,
+            &write.payload_key_id,
+            &retention,
+        ];
+        let (written, committed) = tokio::join!(
+            biased;
+            db.execute(&statement, &params),
+            db.client().batch_execute("COMMIT"),
+        );
+        written?;
+        committed?;
+        conn.mark_ended();
+        Ok(())
+    }
 
-/// Back to the savepoint first (the work may have left the transaction aborted, and
-/// nothing else runs in an aborted one), then the record and `COMMIT` pipelined.
-pub(super) async fn fail(
-    mut conn: TxConn,
-    write: &InboxWrite<'_>,
-    error: &str,
-) -> Result<Option<i32>, Error> {
-    let db = Db::new(conn.pooled(), conn.prepared());
-    db.client().batch_execute(sql::INBOX_ROLLBACK_WORK).await?;
-    let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
-    let retention = write.retention.as_secs_f64();
-    let params = failure_params(write, &error, &retention);
-    let (row, committed) = tokio::join!(
-        biased;
-        db.query_opt(&statement, &params),
-        db.client().batch_execute("COMMIT"),
-    );
-    let row = row?;
-    committed?;
-    conn.mark_ended();
-    Ok(row.map(|row| row.try_get(0)).transpose()?)
-}
+    /// Back to the savepoint first (the work may have left the transaction aborted, and
+    /// nothing else runs in an aborted one), then the record and `COMMIT` pipelined.
+    async fn inbox_fail(
+        mut conn: TxConn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        let db = Db::new(conn.pooled(), conn.prepared());
+        db.client().batch_execute(sql::INBOX_ROLLBACK_WORK).await?;
+        let statement = db.prepare(&statement::INBOX_RECORD_FAILURE).await?;
+        let retention = write.retention.as_secs_f64();
+        let params = failure_params(write, &error, &retention);
+        let (row, committed) = tokio::join!(
+            biased;
+            db.query_opt(&statement, &params),
+            db.client().batch_execute("COMMIT"),
+        );
+        let row = row?;
+        committed?;
+        conn.mark_ended();
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
+    }
 
-pub(super) async fn record_failure(
-    store: &PgStore,
-    write: &InboxWrite<'_>,
-    error: &str,
-) -> Result<Option<i32>, Error> {
-    let conn = store.checkout().await?;
-    let db = store.db(&*conn);
-    let statement = db.prepare(&db::INBOX_RECORD_FAILURE).await?;
-    let retention = write.retention.as_secs_f64();
-    let params = failure_params(write, &error, &retention);
-    let row = db.query_opt(&statement, &params).await?;
-    Ok(row.map(|row| row.try_get(0)).transpose()?)
+    async fn inbox_record_failure(
+        &self,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let statement = db.prepare(&statement::INBOX_RECORD_FAILURE).await?;
+        let retention = write.retention.as_secs_f64();
+        let params = failure_params(write, &error, &retention);
+        let row = db.query_opt(&statement, &params).await?;
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
+    }
+
+    async fn message_info(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> Result<Option<MessageInfo>, Error> {
+        Ok(self
+            .rows(
+                &statement::ADMIN_MESSAGE,
+                &[&group, &message_id],
+                rows::message_info,
+            )
+            .await?
+            .pop())
+    }
+
+    async fn failed_messages(&self, group: &str, limit: i64) -> Result<Vec<MessageInfo>, Error> {
+        self.rows(
+            &statement::ADMIN_FAILED_MESSAGES,
+            &[&group, &limit],
+            rows::message_info,
+        )
+        .await
+    }
 }
 
 /// The parameters of `sql::INBOX_RECORD_FAILURE`.

@@ -4,7 +4,7 @@ use tokio_postgres::types::Type;
 
 use super::conn::TxConn;
 use super::pool::PooledClient;
-use crate::Error;
+use crate::engine::error::Error;
 use crate::store::{migrations, sql};
 
 /// Applies the migrations `conn`'s schema lacks.

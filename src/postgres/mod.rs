@@ -11,11 +11,14 @@
 //! unprepared with their parameter types — the same round trips, planned each time.
 
 mod conn;
-mod db;
 mod inbox;
+mod lease;
+mod listen;
+mod maintenance;
 mod migrate;
 mod outbox;
 mod pool;
+mod statement;
 mod store;
 mod tx;
 
@@ -24,7 +27,12 @@ use std::sync::Arc;
 
 pub use self::outbox::enqueue;
 pub use self::pool::{BoxFuture, ClientPool, PoolError, PooledClient};
-pub use self::tx::{IdempotentTx, TxStatement};
+pub use self::tx::{PgTx, TxStatement};
+
+/// The [`IdempotentTx`](crate::IdempotentTx) extractor on tokio-postgres: it derefs to
+/// [`PgTx`], whose `query`, `execute` and friends run in the transaction that also
+/// stores the idempotency record.
+pub type IdempotentTx = crate::store::IdempotentTx<PgStore>;
 
 /// The tokio-postgres [`Store`](crate::Store): a [`ClientPool`] and the crate's
 /// prepared-statement setting. Cloning it is a reference-count bump.

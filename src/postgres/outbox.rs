@@ -9,12 +9,15 @@ use tokio_postgres::{GenericClient, Row};
 
 use super::PgStore;
 use super::conn::TxConn;
-use super::db::{self, Db, OUTBOX_ENQUEUE};
-use crate::Error;
-use crate::admin::{OutboxColumns, OutboxInfo};
+use super::statement::{self, Db, OUTBOX_ENQUEUE};
+use super::tx::PgTx;
+use crate::engine::error::Error;
 use crate::engine::outbox::{
     Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
 };
+use crate::engine::record::Backlog;
+use crate::engine::view::OutboxInfo;
+use crate::store::{OutboxStore, rows};
 
 /// Enqueues `message` in the transaction `client` is in: it is published after that
 /// transaction commits, and never if it rolls back. One round trip, unprepared (safe behind
@@ -74,105 +77,111 @@ pub(crate) fn enqueued(
     Ok(Enqueued::from_insert(message, inserted))
 }
 
-/// `BEGIN` and the locking `SELECT` pipelined; the barriers of the batch's ordering
-/// keys in a second round trip, only when it has keyed messages.
-pub(super) async fn lock_batch(
-    store: &PgStore,
-    limit: i64,
-) -> Result<Option<OutboxBatch<TxConn>>, Error> {
-    let conn = TxConn::new(store.checkout().await?, store.prepared);
-    let db = store.db(conn.pooled());
-    let lock = db.prepare(&db::OUTBOX_LOCK_BATCH).await?;
-    let limit_params: [&(dyn ToSql + Sync); 1] = [&limit];
-    let (begun, rows) = tokio::join!(
-        biased;
-        db.client().batch_execute("BEGIN"),
-        db.query(&lock, &limit_params),
-    );
-    begun?;
-    let rows = rows?.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
-    if rows.is_empty() {
-        conn.rollback().await;
-        return Ok(None);
+impl OutboxStore for PgStore {
+    async fn enqueue(handle: &mut PgTx, message: &OutboxMessage) -> Result<Enqueued, Error> {
+        handle.enqueue(message).await
     }
-    let mut barriers = HashMap::new();
-    if let Some((keys, seqs)) = barrier_params(&rows) {
-        let statement = db.prepare(&db::OUTBOX_BARRIERS).await?;
-        for row in db.query(&statement, &[&keys, &seqs]).await? {
-            barriers.insert(row.try_get(0)?, row.try_get(1)?);
+
+    /// `BEGIN` and the locking `SELECT` pipelined; the barriers of the batch's ordering
+    /// keys in a second round trip, only when it has keyed messages.
+    async fn outbox_lock_batch(&self, limit: i64) -> Result<Option<OutboxBatch<TxConn>>, Error> {
+        let conn = TxConn::new(self.checkout().await?, self.prepared);
+        let db = self.db(conn.pooled());
+        let lock = db.prepare(&statement::OUTBOX_LOCK_BATCH).await?;
+        let limit_params: [&(dyn ToSql + Sync); 1] = [&limit];
+        let (begun, rows) = tokio::join!(
+            biased;
+            db.client().batch_execute("BEGIN"),
+            db.query(&lock, &limit_params),
+        );
+        begun?;
+        let rows = rows?.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
+        if rows.is_empty() {
+            conn.rollback().await;
+            return Ok(None);
         }
+        let mut barriers = HashMap::new();
+        if let Some((keys, seqs)) = barrier_params(&rows) {
+            let statement = db.prepare(&statement::OUTBOX_BARRIERS).await?;
+            for row in db.query(&statement, &[&keys, &seqs]).await? {
+                barriers.insert(row.try_get(0)?, row.try_get(1)?);
+            }
+        }
+        Ok(Some(OutboxBatch {
+            conn,
+            rows,
+            barriers,
+        }))
     }
-    Ok(Some(OutboxBatch {
-        conn,
-        rows,
-        barriers,
-    }))
-}
 
-/// Both updates and `COMMIT` pipelined in one round trip; if an update fails, the
-/// server turns the `COMMIT` into a `ROLLBACK` and the batch stays pending.
-pub(super) async fn settle(mut conn: TxConn, s: &Settlement<'_>) -> Result<u64, Error> {
-    let db = Db::new(conn.pooled(), conn.prepared());
-    let mark_sent = match s.sent {
-        [] => None,
-        _ => Some(db.prepare(&db::OUTBOX_MARK_SENT).await?),
-    };
-    let mark_failed = match s.refused {
-        [] => None,
-        _ => Some(db.prepare(&db::OUTBOX_MARK_FAILED).await?),
-    };
-    let failed_params: [&(dyn ToSql + Sync); 5] = [
-        &s.refused,
-        &s.errors,
-        &s.max_attempts,
-        &s.retry_base_seconds,
-        &s.retry_cap_seconds,
-    ];
-    let (sent, parked, committed) = tokio::join!(
-        biased;
-        async {
-            match &mark_sent {
-                Some(statement) => db.execute(statement, &[&s.sent]).await.map(drop),
-                None => Ok(()),
-            }
-        },
-        async {
-            let Some(statement) = &mark_failed else {
-                return Ok(0);
-            };
-            let rows = db.query(statement, &failed_params).await?;
-            let mut parked = 0;
-            for row in rows {
-                if row.try_get::<_, bool>(0)? {
-                    parked += 1;
+    /// Both updates and `COMMIT` pipelined in one round trip; if an update fails, the
+    /// server turns the `COMMIT` into a `ROLLBACK` and the batch stays pending.
+    async fn outbox_settle(mut conn: TxConn, s: &Settlement<'_>) -> Result<u64, Error> {
+        let db = Db::new(conn.pooled(), conn.prepared());
+        let mark_sent = match s.sent {
+            [] => None,
+            _ => Some(db.prepare(&statement::OUTBOX_MARK_SENT).await?),
+        };
+        let mark_failed = match s.refused {
+            [] => None,
+            _ => Some(db.prepare(&statement::OUTBOX_MARK_FAILED).await?),
+        };
+        let failed_params: [&(dyn ToSql + Sync); 5] = [
+            &s.refused,
+            &s.errors,
+            &s.max_attempts,
+            &s.retry_base_seconds,
+            &s.retry_cap_seconds,
+        ];
+        let (sent, parked, committed) = tokio::join!(
+            biased;
+            async {
+                match &mark_sent {
+                    Some(statement) => db.execute(statement, &[&s.sent]).await.map(drop),
+                    None => Ok(()),
                 }
-            }
-            Ok::<_, tokio_postgres::Error>(parked)
-        },
-        db.client().batch_execute("COMMIT"),
-    );
-    sent?;
-    let parked = parked?;
-    committed?;
-    conn.mark_ended();
-    Ok(parked)
-}
+            },
+            async {
+                let Some(statement) = &mark_failed else {
+                    return Ok(0);
+                };
+                let rows = db.query(statement, &failed_params).await?;
+                let mut parked = 0;
+                for row in rows {
+                    if row.try_get::<_, bool>(0)? {
+                        parked += 1;
+                    }
+                }
+                Ok::<_, tokio_postgres::Error>(parked)
+            },
+            db.client().batch_execute("COMMIT"),
+        );
+        sent?;
+        let parked = parked?;
+        committed?;
+        conn.mark_ended();
+        Ok(parked)
+    }
 
-pub(super) async fn messages(
-    store: &PgStore,
-    state: &str,
-    limit: i64,
-) -> Result<Vec<OutboxInfo>, Error> {
-    store
-        .rows(&db::ADMIN_OUTBOX, &[&state, &limit], outbox_info)
+    async fn outbox_messages(&self, state: &str, limit: i64) -> Result<Vec<OutboxInfo>, Error> {
+        self.rows(
+            &statement::ADMIN_OUTBOX,
+            &[&state, &limit],
+            rows::outbox_info,
+        )
         .await
-}
+    }
 
-pub(super) async fn requeue(store: &PgStore, message_id: &str) -> Result<bool, Error> {
-    let conn = store.checkout().await?;
-    let db = store.db(&*conn);
-    let statement = db.prepare(&db::ADMIN_REQUEUE_OUTBOX).await?;
-    Ok(db.execute(&statement, &[&message_id]).await? == 1)
+    async fn outbox_requeue(&self, message_id: &str) -> Result<bool, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let statement = db.prepare(&statement::ADMIN_REQUEUE_OUTBOX).await?;
+        Ok(db.execute(&statement, &[&message_id]).await? == 1)
+    }
+
+    async fn outbox_pending(&self) -> Result<Backlog, Error> {
+        self.backlog(&statement::OUTBOX_PENDING).await
+    }
 }
 
 fn outgoing(row: &Row) -> Result<Outgoing, tokio_postgres::Error> {
@@ -186,20 +195,4 @@ fn outgoing(row: &Row) -> Result<Outgoing, tokio_postgres::Error> {
         attempts: row.try_get(6)?,
         age_seconds: row.try_get(7)?,
     })
-}
-
-fn outbox_info(row: &Row) -> Result<OutboxInfo, tokio_postgres::Error> {
-    Ok(OutboxColumns {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        state: row.try_get(4)?,
-        attempts: row.try_get(5)?,
-        last_error: row.try_get(6)?,
-        payload_bytes: row.try_get(7)?,
-        created_at: row.try_get(8)?,
-        sent_at: row.try_get(9)?,
-    }
-    .into())
 }

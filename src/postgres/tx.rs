@@ -1,4 +1,4 @@
-//! [`IdempotentTx`], the handle a handler runs its queries through.
+//! [`PgTx`], what a handler runs its statements through on tokio-postgres.
 
 use std::fmt;
 
@@ -6,53 +6,18 @@ use tokio_postgres::types::{BorrowToSql, ToSql};
 use tokio_postgres::{Client, RowStream, Statement, ToStatement};
 
 use super::conn::TxConn;
-use crate::Error;
+use crate::engine::error::Error;
 use crate::engine::shared_tx::HandleToken;
 
-/// A handle on the transaction that also stores the idempotency record: the extractor that
-/// enables idempotency for a route, and what [`Inbox`](crate::Inbox) hands a consumer's
-/// work.
-///
-/// Taking `IdempotentTx` as a handler argument makes the route idempotent: before the
-/// handler runs, the extractor checks out a connection, begins a transaction, takes the
-/// key's lock and looks for a stored response. A repeat is answered from the store (the
-/// handler does not run); otherwise the handler gets this handle, and every statement it
-/// runs through it belongs to the transaction that also stores the idempotency record.
-/// [`IdempotencyLayer`](crate::IdempotencyLayer) commits both once the handler returns.
-///
-/// The handle can run statements but cannot commit, roll back or open another
-/// transaction: the layer decides the outcome from the handler's response.
-///
-/// It must not outlive the handler: a handle still alive when the handler returns (moved
-/// into a spawned task, say) makes the layer roll everything back and answer 500.
-///
-/// ```no_run
-/// use axum::{Json, http::StatusCode, response::IntoResponse};
-/// use axum_idempotency::IdempotentTx;
-///
-/// #[derive(serde::Deserialize)]
-/// struct NewOrder { user_id: i64, amount: i64 }
-///
-/// async fn create_order(
-///     tx: IdempotentTx,
-///     Json(order): Json<NewOrder>,
-/// ) -> Result<impl IntoResponse, StatusCode> {
-///     let row = tx
-///         .query_one(
-///             "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id",
-///             &[&order.user_id, &order.amount],
-///         )
-///         .await
-///         .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-///     let id: i64 = row.get(0);
-///     Ok((StatusCode::CREATED, Json(serde_json::json!({ "id": id }))))
-/// }
-/// ```
-pub struct IdempotentTx {
+/// What [`IdempotentTx`](super::IdempotentTx) derefs to on tokio-postgres: the
+/// statements of the transaction that also stores the idempotency record
+/// ([`query`](Self::query), [`execute`](Self::execute), ...). It refuses `COMMIT`,
+/// `ROLLBACK`, `BEGIN` and the like: the layer ends the transaction.
+pub struct PgTx {
     token: HandleToken<TxConn>,
 }
 
-impl IdempotentTx {
+impl PgTx {
     pub(crate) fn new(token: HandleToken<TxConn>) -> Self {
         Self { token }
     }
@@ -148,62 +113,22 @@ impl IdempotentTx {
         .await
     }
 
-    /// A stable key for one downstream effect of this operation: the same on every retry of
-    /// the same request (or redelivery of the same message), different for every `label`.
-    /// Send it as the `Idempotency-Key` of a downstream HTTP call or as the id of a message
-    /// you publish, so that the whole chain — not only this transaction — takes effect once.
-    ///
-    /// ```no_run
-    /// # async fn handler(tx: axum_idempotency::IdempotentTx) -> Result<(), axum_idempotency::Error> {
-    /// let coupon_request_id = tx.derive_key("coupon");
-    /// // Record the intent in the same transaction; a relay sends it after the commit,
-    /// // with `Idempotency-Key: {coupon_request_id}`.
-    /// tx.execute(
-    ///     "INSERT INTO outbox (message_id, topic) VALUES ($1, 'grant-coupon')",
-    ///     &[&coupon_request_id],
-    /// )
-    /// .await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn derive_key(&self, label: &str) -> String {
-        crate::engine::key::derive_key(self.token.id(), label)
+    /// The record id this handle's transaction claimed.
+    pub(crate) fn record_id(&self) -> crate::engine::key::RecordId {
+        self.token.id()
     }
 
-    /// Enqueues `message` in this transaction: it becomes visible with the handler's rows
-    /// and the idempotency record, in one COMMIT, and a relay
-    /// ([`OutboxRelay`](crate::outbox::OutboxRelay)) publishes it after that. If the
-    /// handler fails, panics, answers 5xx or a stored 4xx, or the COMMIT fails, it is never
-    /// published.
-    ///
-    /// Give the message an id derived from the operation ([`derive_key`](Self::derive_key))
-    /// so the consumer's [`Inbox`](crate::Inbox) recognises it, and a repeated enqueue is a
-    /// no-op.
-    ///
-    /// ```no_run
-    /// use axum_idempotency::outbox::OutboxMessage;
-    ///
-    /// # async fn pay(tx: axum_idempotency::IdempotentTx, order_no: String) -> Result<(), axum_idempotency::Error> {
-    /// let paid = tx
-    ///     .execute("UPDATE orders SET status = 'PAID' WHERE order_no = $1 AND status = 'NEW'", &[&order_no])
-    ///     .await?;
-    /// if paid == 1 {
-    ///     let event = serde_json::json!({ "order_no": order_no });
-    ///     tx.enqueue(&OutboxMessage::json("payment-succeeded", &event).expect("JSON").id(tx.derive_key("paid")))
-    ///         .await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub async fn enqueue(
+    /// Enqueues `message` in this transaction (checked by the caller).
+    pub(crate) async fn enqueue(
         &self,
-        message: &crate::outbox::OutboxMessage,
-    ) -> Result<crate::outbox::Enqueued, Error> {
-        message.check().map_err(Error::InvalidMessage)?;
+        message: &crate::engine::outbox::OutboxMessage,
+    ) -> Result<crate::engine::outbox::Enqueued, Error> {
         let slot = self.token.shared().read().await;
         let Some(conn) = slot.as_ref() else {
             return Err(Error::TransactionEnded);
         };
-        let db = super::db::Db::new(conn.pooled(), conn.prepared());
-        let statement = db.prepare(&super::db::OUTBOX_ENQUEUE).await?;
+        let db = super::statement::Db::new(conn.pooled(), conn.prepared());
+        let statement = db.prepare(&super::statement::OUTBOX_ENQUEUE).await?;
         let row = db
             .query_opt(&statement, &super::outbox::enqueue_params(message))
             .await?;
@@ -236,7 +161,7 @@ impl IdempotentTx {
     }
 }
 
-impl fmt::Debug for IdempotentTx {
+impl fmt::Debug for PgTx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentTx")
             .field("record", &self.token.id())

@@ -8,89 +8,108 @@ use ::sqlx::query::Query;
 use ::sqlx::{Executor, Row};
 
 use super::SqlxStore;
-use super::store::{SqlxConn, statement, timed_out, wait_lock};
-use crate::Error;
+use super::conn::{SqlxConn, statement, timed_out, wait_lock};
+use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
-use crate::store::sql;
+use crate::engine::view::MessageInfo;
+use crate::store::{InboxStore, rows, sql};
 
-pub(super) async fn claim(
-    store: &SqlxStore,
-    id: RecordId,
-    group: &str,
-    message_id: &str,
-    wait: Duration,
-) -> Result<InboxClaim<SqlxConn>, Error> {
-    let mut conn = store.begin().await?;
-    match wait_lock(conn.connection_mut(), id.lock_key(), wait, store.persistent).await {
-        Err(e) if timed_out(&e) => return Ok(InboxClaim::Busy),
-        locked => locked?,
+impl InboxStore for SqlxStore {
+    async fn inbox_claim(
+        &self,
+        id: RecordId,
+        group: &str,
+        message_id: &str,
+        wait: Duration,
+    ) -> Result<InboxClaim<SqlxConn>, Error> {
+        let mut conn = self.begin().await?;
+        match wait_lock(conn.connection_mut(), id.lock_key(), wait, self.persistent).await {
+            Err(e) if timed_out(&e) => return Ok(InboxClaim::Busy),
+            locked => locked?,
+        }
+        let found = self
+            .query(sql::INBOX_LOOKUP)
+            .bind(group)
+            .bind(message_id)
+            .fetch_optional(conn.connection_mut())
+            .await?;
+        conn.connection_mut()
+            .execute(sql::INBOX_WORK_SAVEPOINT)
+            .await?;
+        let record = match found {
+            Some(row) => Some(InboxRecord {
+                succeeded: row.try_get(0)?,
+                attempts: row.try_get(1)?,
+                last_error: row.try_get(2)?,
+                live: row.try_get(3)?,
+                payload_digest: row.try_get(4)?,
+            }),
+            None => None,
+        };
+        Ok(InboxClaim::Locked(conn, record))
     }
-    let found = store
-        .query(sql::INBOX_LOOKUP)
-        .bind(group)
-        .bind(message_id)
-        .fetch_optional(conn.connection_mut())
-        .await?;
-    conn.connection_mut()
-        .execute(sql::INBOX_WORK_SAVEPOINT)
-        .await?;
-    let record = match found {
-        Some(row) => Some(InboxRecord {
-            succeeded: row.try_get(0)?,
-            attempts: row.try_get(1)?,
-            last_error: row.try_get(2)?,
-            live: row.try_get(3)?,
-            payload_digest: row.try_get(4)?,
-        }),
-        None => None,
-    };
-    Ok(InboxClaim::Locked(conn, record))
-}
 
-pub(super) async fn commit(
-    conn: &mut SqlxConn,
-    write: &InboxWrite<'_>,
-    attempts: i32,
-) -> Result<(), Error> {
-    statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
-        .bind(write.group)
-        .bind(write.message_id)
-        .bind(attempts)
-        .bind(write.payload_digest)
-        .bind(write.payload)
-        .bind(write.payload_key_id)
-        .bind(write.retention.as_secs_f64())
-        .execute(conn.connection_mut())
-        .await?;
-    conn.commit().await?;
-    Ok(())
-}
+    async fn inbox_commit(
+        conn: &mut SqlxConn,
+        write: &InboxWrite<'_>,
+        attempts: i32,
+    ) -> Result<(), Error> {
+        statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
+            .bind(write.group)
+            .bind(write.message_id)
+            .bind(attempts)
+            .bind(write.payload_digest)
+            .bind(write.payload)
+            .bind(write.payload_key_id)
+            .bind(write.retention.as_secs_f64())
+            .execute(conn.connection_mut())
+            .await?;
+        conn.commit().await?;
+        Ok(())
+    }
 
-pub(super) async fn fail(
-    mut conn: SqlxConn,
-    write: &InboxWrite<'_>,
-    error: &str,
-) -> Result<Option<i32>, Error> {
-    conn.connection_mut()
-        .execute(sql::INBOX_ROLLBACK_WORK)
-        .await?;
-    let row = failure(write, error, conn.persistent())
-        .fetch_optional(conn.connection_mut())
-        .await?;
-    conn.commit().await?;
-    Ok(row.map(|row| row.try_get(0)).transpose()?)
-}
+    async fn inbox_fail(
+        mut conn: SqlxConn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        conn.connection_mut()
+            .execute(sql::INBOX_ROLLBACK_WORK)
+            .await?;
+        let row = failure(write, error, conn.persistent())
+            .fetch_optional(conn.connection_mut())
+            .await?;
+        conn.commit().await?;
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
+    }
 
-pub(super) async fn record_failure(
-    store: &SqlxStore,
-    write: &InboxWrite<'_>,
-    error: &str,
-) -> Result<Option<i32>, Error> {
-    let row = failure(write, error, store.persistent)
-        .fetch_optional(&store.pool)
-        .await?;
-    Ok(row.map(|row| row.try_get(0)).transpose()?)
+    async fn inbox_record_failure(
+        &self,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        let row = failure(write, error, self.persistent)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
+    }
+    async fn message_info(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> Result<Option<MessageInfo>, Error> {
+        let query = self.query(sql::ADMIN_MESSAGE).bind(group).bind(message_id);
+        Ok(self.rows(query, rows::message_info).await?.pop())
+    }
+
+    async fn failed_messages(&self, group: &str, limit: i64) -> Result<Vec<MessageInfo>, Error> {
+        let query = self
+            .query(sql::ADMIN_FAILED_MESSAGES)
+            .bind(group)
+            .bind(limit);
+        self.rows(query, rows::message_info).await
+    }
 }
 
 /// `sql::INBOX_RECORD_FAILURE` with its parameters bound.

@@ -2,8 +2,8 @@
 
 use ::sqlx::{Executor, PgConnection, PgPool, Row};
 
-use super::store::statement;
-use crate::Error;
+use super::conn::statement;
+use crate::engine::error::Error;
 use crate::store::{migrations, sql};
 
 /// Applies the migrations the pool's schema lacks. Unprepared throughout, like the

@@ -39,13 +39,21 @@
 //! one cannot see the SQL a handler sends through `&mut *tx`: do not end the transaction
 //! yourself (nested `sqlx::Connection::begin` savepoints are fine).
 
+mod conn;
 mod inbox;
+mod lease;
+mod listen;
+mod maintenance;
 mod migrate;
 mod outbox;
 mod store;
 mod tx;
 
-pub use self::tx::IdempotentTx;
+pub use self::tx::SqlxTx;
+
+/// The [`IdempotentTx`](crate::IdempotentTx) extractor on sqlx: it derefs to the shared
+/// transaction's `PgConnection`, so `&mut *tx` is an executor.
+pub type IdempotentTx = crate::store::IdempotentTx<SqlxStore>;
 
 use ::sqlx::PgPool;
 
@@ -95,7 +103,7 @@ impl crate::store::sealed::Sealed for SqlxStore {}
 pub async fn enqueue<'c, E>(
     executor: E,
     message: &crate::outbox::OutboxMessage,
-) -> Result<crate::outbox::Enqueued, crate::Error>
+) -> Result<crate::outbox::Enqueued, crate::engine::error::Error>
 where
     E: ::sqlx::Executor<'c, Database = ::sqlx::Postgres>,
 {

@@ -60,10 +60,10 @@ pub(crate) fn latest() -> i32 {
 /// than this build.
 pub(crate) fn pending(
     current: i32,
-) -> Result<impl Iterator<Item = &'static Migration>, crate::Error> {
+) -> Result<impl Iterator<Item = &'static Migration>, crate::engine::error::Error> {
     let known = latest();
     if current > known {
-        return Err(crate::Error::UnknownSchemaVersion {
+        return Err(crate::engine::error::Error::UnknownSchemaVersion {
             found: current,
             known,
         });

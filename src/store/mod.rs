@@ -1,38 +1,43 @@
-//! The storage seam: the one narrow trait each database driver implements.
+//! The storage seam: [`Store`], the core every database driver implements (what the HTTP
+//! claim needs), the optional abilities on top of it ([`LeaseStore`], [`InboxStore`],
+//! [`OutboxStore`], [`MaintenanceStore`]), and [`IdempotentTx`], the one handle every
+//! driver hands out.
 //!
-//! The HTTP adapter, the [`Inbox`](crate::Inbox), lease mode, the
-//! [`Sweeper`](crate::Sweeper) and [`Admin`](crate::Admin) are written once against
-//! [`Store`]; every SQL statement lives in a driver module ([`crate::postgres`] for
-//! tokio-postgres over any pool, `crate::sqlx` for sqlx) and in the shared statement texts
-//! of [`sql`] and the migration files they both run.
+//! The HTTP adapter, the [`Inbox`](crate::Inbox), lease mode, the outbox relay, the
+//! [`Sweeper`](crate::Sweeper) and [`Admin`](crate::Admin) are written once against these
+//! traits, each asking for the ability it uses; every SQL statement lives in a driver
+//! module (`postgres/` for tokio-postgres over any pool, `sqlx/` for sqlx), in the shared
+//! statement texts of [`sql`] with their row decoders in [`rows`], and in the migration
+//! files they both run.
 //!
 //! A driver that cannot pipeline (sqlx) may take more round trips, never weaker
 //! semantics: its claim still takes the key's lock before it looks the record up, its
 //! COMMIT still carries the record, and its pooled connections never go back to the pool
 //! inside a transaction.
 
+mod abilities;
 pub(crate) mod migrations;
+pub(crate) mod rows;
 pub(crate) mod sql;
+mod tx;
+
+pub use self::abilities::{InboxStore, LeaseStore, MaintenanceStore, OutboxStore};
+pub use self::tx::IdempotentTx;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::Error;
-use crate::admin::OutboxInfo;
-use crate::admin::{MessageInfo, RecordInfo};
+use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::outbox::{OutboxBatch, Settlement};
-use crate::engine::record::{
-    Backlog, Claim, CommitError, Completion, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd,
-    NewRecord, RecordRow, SweepBatch,
-};
+use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
 use crate::engine::shared_tx::SharedTx;
 
-/// A database driver the crate's components run on: [`PgStore`](crate::postgres::PgStore)
-/// (tokio-postgres over deadpool, bb8 or any [`ClientPool`](crate::postgres::ClientPool))
-/// or `SqlxStore` (feature `sqlx`, over a `sqlx::PgPool`).
+/// A database driver the crate's components run on: `PgStore` (feature `postgres`:
+/// tokio-postgres over deadpool, bb8 or any `ClientPool`) or `SqlxStore` (feature `sqlx`,
+/// over a `sqlx::PgPool`). This is the core, what the HTTP claim needs; the other
+/// components ask for an ability on top of it.
 ///
 /// Sealed: its operations are the crate's business, and a new driver is added in the
 /// crate. Components take anything that [`IntoStore`], so users pass their pool.
@@ -42,7 +47,9 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     type Conn: Send + Sync + 'static;
     /// What a handler or inbox work holds to run statements in the shared transaction.
     #[doc(hidden)]
-    type Handle: Send + 'static;
+    type Handle: Send + Sync + 'static;
+    /// What [`IdempotentTx`] derefs to.
+    type Tx: ?Sized;
 
     /// The driver's name, for diagnostics.
     #[doc(hidden)]
@@ -86,128 +93,17 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     fn lookup(&self, id: RecordId)
     -> impl Future<Output = Result<Option<RecordRow>, Error>> + Send;
 
-    /// Lease mode: commits a PROCESSING record, or takes over a replaceable one.
+    /// The record id a handle's transaction claimed (for `derive_key`).
     #[doc(hidden)]
-    fn lease_acquire(
-        &self,
-        record: &NewRecord<'_>,
-        lease: Duration,
-    ) -> impl Future<Output = Result<LeaseClaim, Error>> + Send;
+    fn handle_id(handle: &Self::Handle) -> RecordId;
 
-    /// Lease mode: the holder's fenced completion; `false` if the lease was taken over.
+    /// What [`IdempotentTx`] derefs to: the handle itself (tokio-postgres), or the
+    /// transaction's `PgConnection` (sqlx).
     #[doc(hidden)]
-    fn lease_complete(
-        &self,
-        record: &NewRecord<'_>,
-        token: i64,
-        end: LeaseEnd,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
-
-    /// Begins a message's transaction, waits (bounded) for its lock, reads its record and
-    /// takes the savepoint a failed attempt rolls back to.
-    #[doc(hidden)]
-    fn inbox_claim(
-        &self,
-        id: RecordId,
-        group: &str,
-        message_id: &str,
-        wait: Duration,
-    ) -> impl Future<Output = Result<InboxClaim<Self::Conn>, Error>> + Send;
-
-    /// Records success and commits with the consumer's work.
-    #[doc(hidden)]
-    fn inbox_commit(
-        conn: &mut Self::Conn,
-        write: &InboxWrite<'_>,
-        attempts: i32,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
-
-    /// Rolls the consumer's work back to the savepoint taken after the message's lock,
-    /// records the failed attempt under that lock and commits; `None` if the message has
-    /// succeeded (it cannot, under the lock).
-    #[doc(hidden)]
-    fn inbox_fail(
-        conn: Self::Conn,
-        write: &InboxWrite<'_>,
-        error: &str,
-    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
-
-    /// Records a failed attempt in a transaction of its own (when the work kept its
-    /// transaction); `None` if the message has meanwhile succeeded.
-    #[doc(hidden)]
-    fn inbox_record_failure(
-        &self,
-        write: &InboxWrite<'_>,
-        error: &str,
-    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
-
-    /// One autocommit batch of the sweeper; the rows it affected.
-    #[doc(hidden)]
-    fn sweep_batch(&self, batch: SweepBatch) -> impl Future<Output = Result<u64, Error>> + Send;
+    fn tx(handle: &Self::Handle) -> &Self::Tx;
 
     #[doc(hidden)]
-    fn stale_summary(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
-
-    /// Ids of the stalest PROCESSING records, the stalest first.
-    #[doc(hidden)]
-    fn stale_ids(&self, limit: i64) -> impl Future<Output = Result<Vec<Vec<u8>>, Error>> + Send;
-
-    #[doc(hidden)]
-    fn record_info(
-        &self,
-        id: RecordId,
-    ) -> impl Future<Output = Result<Option<RecordInfo>, Error>> + Send;
-
-    #[doc(hidden)]
-    fn stale_records(
-        &self,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<RecordInfo>, Error>> + Send;
-
-    #[doc(hidden)]
-    fn message_info(
-        &self,
-        group: &str,
-        message_id: &str,
-    ) -> impl Future<Output = Result<Option<MessageInfo>, Error>> + Send;
-
-    #[doc(hidden)]
-    fn failed_messages(
-        &self,
-        group: &str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<MessageInfo>, Error>> + Send;
-
-    /// Begins a transaction and locks the oldest pending outbox messages that are due, at
-    /// most `limit`, skipping those another relay holds; `None` (and the transaction
-    /// ended) when there are none.
-    #[doc(hidden)]
-    fn outbox_lock_batch(
-        &self,
-        limit: i64,
-    ) -> impl Future<Output = Result<Option<OutboxBatch<Self::Conn>>, Error>> + Send;
-
-    /// Marks a locked batch's confirmed messages SENT and its refused ones retried or
-    /// parked, and commits; the number parked.
-    #[doc(hidden)]
-    fn outbox_settle(
-        conn: Self::Conn,
-        settlement: &Settlement<'_>,
-    ) -> impl Future<Output = Result<u64, Error>> + Send;
-
-    #[doc(hidden)]
-    fn outbox_pending(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
-
-    #[doc(hidden)]
-    fn outbox_messages(
-        &self,
-        state: &str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send;
-
-    /// Puts a parked message back in the queue; whether one was parked under that id.
-    #[doc(hidden)]
-    fn outbox_requeue(&self, message_id: &str) -> impl Future<Output = Result<bool, Error>> + Send;
+    fn tx_mut(handle: &mut Self::Handle) -> &mut Self::Tx;
 
     /// A new handle on a transaction that holds a connection; `None` if the driver hands
     /// the connection out exclusively and another handle holds it.
@@ -220,9 +116,9 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
 ///
 /// | you pass | store |
 /// | --- | --- |
-/// | `deadpool_postgres::Pool` (feature `deadpool`, default) | [`PgStore`](crate::postgres::PgStore) |
-/// | `bb8::Pool<bb8_postgres::PostgresConnectionManager<T>>` (feature `bb8`) | [`PgStore`](crate::postgres::PgStore) |
-/// | any [`ClientPool`](crate::postgres::ClientPool), through [`PgStore::new`](crate::postgres::PgStore::new) | [`PgStore`](crate::postgres::PgStore) |
+/// | `deadpool_postgres::Pool` (feature `deadpool`, default) | `PgStore` |
+/// | `bb8::Pool<bb8_postgres::PostgresConnectionManager<T>>` (feature `bb8`) | `PgStore` |
+/// | any `postgres::ClientPool`, through `PgStore::new` (feature `postgres`) | `PgStore` |
 /// | `sqlx::PgPool` (feature `sqlx`) | `SqlxStore` |
 pub trait IntoStore {
     /// The store this pool becomes.

@@ -31,6 +31,7 @@ pub(crate) const CLAIM: &str = concat!(
     ")"
 );
 /// Tries the key's transaction-scoped lock. `$1` lock key.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
 pub(crate) const TRY_LOCK: &str =
     concat!("SELECT pg_try_advisory_xact_lock(", lock_key!("$1"), ")");
 /// Waits for the key's lock; bounded by [`SET_LOCK_TIMEOUT`]. `$1` lock key.

@@ -12,9 +12,32 @@ use std::time::Duration;
 use axum::extract::FromRequestParts;
 use axum::response::Response;
 use axum_idempotency::outbox::{Enqueued, OutboxMessage};
-use axum_idempotency::{Error, IntoStore, Store};
+use axum_idempotency::postgres::PgStore;
+use axum_idempotency::{
+    Error, IdempotentTx, InboxStore, IntoStore, LeaseStore, MaintenanceStore, OutboxStore,
+};
 
 use super::{Knobs, TestDb, database_url};
+
+/// The statements the test handlers run, for each driver's handle.
+pub trait TestStore: LeaseStore + InboxStore + OutboxStore + MaintenanceStore {
+    /// Inserts an order and returns its id.
+    fn insert_order(
+        tx: &mut IdempotentTx<Self>,
+        user: i64,
+        amount: i64,
+    ) -> impl Future<Output = Result<i64, Error>> + Send;
+    /// Runs a statement without parameters; the rows it affected.
+    fn run(
+        tx: &mut IdempotentTx<Self>,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+    /// A one-text-column query, such as `SHOW lock_timeout`.
+    fn text(
+        tx: &mut IdempotentTx<Self>,
+        sql: &'static str,
+    ) -> impl Future<Output = Result<String, Error>> + Send;
+}
 
 /// What the test handlers do through a driver's transaction handle.
 pub trait TestTx:
@@ -43,9 +66,35 @@ pub trait TestTx:
     ) -> impl Future<Output = Result<Enqueued, Error>> + Send;
 }
 
-impl TestTx for axum_idempotency::IdempotentTx {
+impl<S: TestStore> TestTx for IdempotentTx<S> {
     async fn insert_order(&mut self, user: i64, amount: i64) -> Result<i64, Error> {
-        let row = self
+        S::insert_order(self, user, amount).await
+    }
+
+    async fn run(&mut self, sql: &'static str) -> Result<u64, Error> {
+        S::run(self, sql).await
+    }
+
+    async fn text(&mut self, sql: &'static str) -> Result<String, Error> {
+        S::text(self, sql).await
+    }
+
+    fn derive(&self, label: &str) -> String {
+        self.derive_key(label)
+    }
+
+    async fn enqueue_message(&mut self, message: &OutboxMessage) -> Result<Enqueued, Error> {
+        self.enqueue(message).await
+    }
+}
+
+impl TestStore for PgStore {
+    async fn insert_order(
+        tx: &mut IdempotentTx<Self>,
+        user: i64,
+        amount: i64,
+    ) -> Result<i64, Error> {
+        let row = tx
             .query_one(
                 "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id",
                 &[&user, &amount],
@@ -54,49 +103,37 @@ impl TestTx for axum_idempotency::IdempotentTx {
         Ok(row.get(0))
     }
 
-    async fn run(&mut self, sql: &'static str) -> Result<u64, Error> {
-        self.execute(sql, &[]).await
+    async fn run(tx: &mut IdempotentTx<Self>, sql: &'static str) -> Result<u64, Error> {
+        tx.execute(sql, &[]).await
     }
 
-    async fn text(&mut self, sql: &'static str) -> Result<String, Error> {
-        Ok(self.query_one(sql, &[]).await?.get(0))
-    }
-
-    fn derive(&self, label: &str) -> String {
-        self.derive_key(label)
-    }
-
-    async fn enqueue_message(&mut self, message: &OutboxMessage) -> Result<Enqueued, Error> {
-        self.enqueue(message).await
+    async fn text(tx: &mut IdempotentTx<Self>, sql: &'static str) -> Result<String, Error> {
+        Ok(tx.query_one(sql, &[]).await?.get(0))
     }
 }
 
 #[cfg(feature = "sqlx")]
-impl TestTx for axum_idempotency::sqlx::IdempotentTx {
-    async fn insert_order(&mut self, user: i64, amount: i64) -> Result<i64, Error> {
+impl TestStore for axum_idempotency::sqlx::SqlxStore {
+    async fn insert_order(
+        tx: &mut IdempotentTx<Self>,
+        user: i64,
+        amount: i64,
+    ) -> Result<i64, Error> {
         let id =
             sqlx::query_scalar("INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id")
                 .bind(user)
                 .bind(amount)
-                .fetch_one(&mut **self)
+                .fetch_one(&mut **tx)
                 .await?;
         Ok(id)
     }
 
-    async fn run(&mut self, sql: &'static str) -> Result<u64, Error> {
-        Ok(sqlx::query(sql).execute(&mut **self).await?.rows_affected())
+    async fn run(tx: &mut IdempotentTx<Self>, sql: &'static str) -> Result<u64, Error> {
+        Ok(sqlx::query(sql).execute(&mut **tx).await?.rows_affected())
     }
 
-    async fn text(&mut self, sql: &'static str) -> Result<String, Error> {
-        Ok(sqlx::query_scalar(sql).fetch_one(&mut **self).await?)
-    }
-
-    fn derive(&self, label: &str) -> String {
-        self.derive_key(label)
-    }
-
-    async fn enqueue_message(&mut self, message: &OutboxMessage) -> Result<Enqueued, Error> {
-        self.enqueue(message).await
+    async fn text(tx: &mut IdempotentTx<Self>, sql: &'static str) -> Result<String, Error> {
+        Ok(sqlx::query_scalar(sql).fetch_one(&mut **tx).await?)
     }
 }
 
@@ -104,8 +141,7 @@ impl TestTx for axum_idempotency::sqlx::IdempotentTx {
 pub trait Driver: Send + Sync + 'static {
     /// What the application hands the crate.
     type Pool: IntoStore<Store = Self::Store> + Clone + Send + Sync + 'static;
-    type Store: Store<Handle = Self::Tx>;
-    type Tx: TestTx;
+    type Store: TestStore;
     /// Whether the record's INSERT and the COMMIT leave in one round trip, so a future
     /// dropped while the INSERT waits still commits.
     const PIPELINED: bool;
@@ -127,7 +163,6 @@ pub struct Deadpool;
 impl Driver for Deadpool {
     type Pool = deadpool_postgres::Pool;
     type Store = axum_idempotency::postgres::PgStore;
-    type Tx = axum_idempotency::IdempotentTx;
     const PIPELINED: bool = true;
     const GUARDED: bool = true;
 
@@ -152,7 +187,6 @@ pub struct Bb8;
 impl Driver for Bb8 {
     type Pool = bb8::Pool<bb8_postgres::PostgresConnectionManager<tokio_postgres::NoTls>>;
     type Store = axum_idempotency::postgres::PgStore;
-    type Tx = axum_idempotency::IdempotentTx;
     const PIPELINED: bool = true;
     const GUARDED: bool = true;
 
@@ -186,7 +220,6 @@ pub struct Sqlx;
 impl Driver for Sqlx {
     type Pool = sqlx::PgPool;
     type Store = axum_idempotency::sqlx::SqlxStore;
-    type Tx = axum_idempotency::sqlx::IdempotentTx;
     const PIPELINED: bool = false;
     const GUARDED: bool = false;
 

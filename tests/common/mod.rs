@@ -8,7 +8,7 @@ pub mod proxy;
 pub mod rabbit;
 pub mod recorder;
 
-pub use drivers::{Bb8, Deadpool, Driver, Sqlx, TestTx};
+pub use drivers::{Bb8, Deadpool, Driver, Sqlx, TestStore, TestTx};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,7 +20,7 @@ use axum::http::{Request, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::{IdempotencyLayer, Store};
+use axum_idempotency::{IdempotencyLayer, IdempotentTx, LeaseStore};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
@@ -381,20 +381,19 @@ async fn plain_post() -> &'static str {
 /// The test order service on the layer's driver.
 pub fn router<S>(knobs: Arc<Knobs>, layer: IdempotencyLayer<S>) -> Router
 where
-    S: Store,
-    S::Handle: TestTx,
+    S: TestStore,
 {
     Router::new()
         .route(
             "/orders",
-            post(create_order::<S::Handle>).get(create_order::<S::Handle>),
+            post(create_order::<IdempotentTx<S>>).get(create_order::<IdempotentTx<S>>),
         )
         .route("/plain", post(plain_post).get(plain_post))
         .layer(layer)
         .with_state(knobs)
 }
 
-pub fn scoped<S: Store>(layer: IdempotencyLayer<S>) -> IdempotencyLayer<S> {
+pub fn scoped<S: LeaseStore>(layer: IdempotencyLayer<S>) -> IdempotencyLayer<S> {
     layer.scope(|parts| {
         parts
             .headers

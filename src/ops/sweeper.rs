@@ -42,12 +42,11 @@ use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use crate::Error;
+use crate::engine::error::Error;
 use crate::engine::key::hex;
 use crate::engine::record::{RetentionParams, SweepBatch};
 use crate::engine::telemetry;
-use crate::postgres::PgStore;
-use crate::store::{IntoStore, Store};
+use crate::store::{IntoStore, MaintenanceStore, Store};
 
 /// The shortest pause between two batches. The pause is at least as long as the batch
 /// took, so a long purge spends at most half of its time deleting and leaves room for live
@@ -104,7 +103,7 @@ const STALE_IDS_LOGGED: i64 = 10;
 /// handle.shutdown().await;
 /// # Ok(()) }
 /// ```
-pub struct Sweeper<D: Store = PgStore> {
+pub struct Sweeper<D: Store> {
     config: Arc<SweeperConfig<D>>,
 }
 
@@ -154,7 +153,7 @@ pub struct SweepReport {
     pub marked_failed: u64,
 }
 
-impl<D: Store> Sweeper<D> {
+impl<D: MaintenanceStore> Sweeper<D> {
     /// A sweeper over the crate's tables in `pool`'s database (any pool the crate supports,
     /// see [`IntoStore`]), with the defaults above.
     pub fn new<P: IntoStore<Store = D>>(pool: P) -> Self {
@@ -302,6 +301,7 @@ impl<D: Store> Sweeper<D> {
             marked_failed,
         };
         tracing::debug!(?report, "sweep finished");
+        telemetry::sweeper_ran();
         Ok(report)
     }
 

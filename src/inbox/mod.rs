@@ -20,8 +20,7 @@ use crate::engine::key::{KeyError, RecordId};
 use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::engine::shared_tx::SharedTx;
 use crate::engine::telemetry;
-use crate::postgres::PgStore;
-use crate::store::{IntoStore, Store};
+use crate::store::{IdempotentTx, InboxStore, IntoStore, Store};
 
 /// An idempotent consumer for one consumer group.
 ///
@@ -30,7 +29,8 @@ use crate::store::{IntoStore, Store};
 /// tokio-postgres (deadpool, bb8), the sqlx driver's own on an `sqlx::PgPool`.
 ///
 /// ```no_run
-/// use axum_idempotency::{Inbox, InboxError, Outcome};
+/// use axum_idempotency::{Inbox, InboxError};
+/// use axum_idempotency::inbox::Outcome;
 ///
 /// # async fn consume(pool: deadpool_postgres::Pool, message_id: &str, payload: &[u8])
 /// #     -> Result<(), Box<dyn std::error::Error>> {
@@ -56,7 +56,7 @@ use crate::store::{IntoStore, Store};
 /// }
 /// # Ok(()) }
 /// ```
-pub struct Inbox<D: Store = PgStore> {
+pub struct Inbox<D: Store> {
     config: Arc<InboxConfig<D>>,
 }
 
@@ -120,7 +120,7 @@ pub enum InboxError<E> {
     /// timeout.
     Busy,
     /// The database could not be reached, or the commit failed or went unanswered.
-    Store(crate::Error),
+    Store(crate::engine::error::Error),
     /// The work returned an error; it was rolled back and the attempt recorded.
     Failed {
         /// Failed attempts so far, this one included.
@@ -170,7 +170,7 @@ impl<E: std::error::Error + 'static> std::error::Error for InboxError<E> {
     }
 }
 
-impl<D: Store> Inbox<D> {
+impl<D: InboxStore> Inbox<D> {
     /// An inbox for `consumer_group`, storing records through `pool` (any pool the crate
     /// supports, see [`IntoStore`]). Run [`migrate`](crate::migrate) once before consuming.
     pub fn new<P: IntoStore<Store = D>>(pool: P, consumer_group: impl Into<String>) -> Self {
@@ -273,7 +273,7 @@ impl<D: Store> Inbox<D> {
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
-        F: FnOnce(D::Handle) -> Fut,
+        F: FnOnce(IdempotentTx<D>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
@@ -290,7 +290,7 @@ impl<D: Store> Inbox<D> {
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
-        F: FnOnce(D::Handle) -> Fut,
+        F: FnOnce(IdempotentTx<D>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
@@ -310,7 +310,8 @@ impl<D: Store> Inbox<D> {
     /// record of the run that committed before it, and does nothing.
     ///
     /// ```no_run
-    /// use axum_idempotency::{Inbox, Outcome};
+    /// use axum_idempotency::Inbox;
+    /// use axum_idempotency::inbox::Outcome;
     ///
     /// # async fn nightly(pool: deadpool_postgres::Pool, day: &str) -> Result<(), Box<dyn std::error::Error>> {
     /// let jobs = Inbox::new(pool, "scheduler");
@@ -332,7 +333,7 @@ impl<D: Store> Inbox<D> {
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
-        F: FnOnce(D::Handle) -> Fut,
+        F: FnOnce(IdempotentTx<D>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
@@ -346,7 +347,7 @@ impl<D: Store> Inbox<D> {
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
-        F: FnOnce(D::Handle) -> Fut,
+        F: FnOnce(IdempotentTx<D>) -> Fut,
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
@@ -366,7 +367,7 @@ impl<D: Store> Inbox<D> {
                 )
             })
             .transpose()
-            .map_err(|e| InboxError::Store(crate::Error::Encryption(e)))?;
+            .map_err(|e| InboxError::Store(crate::engine::error::Error::Encryption(e)))?;
         let write = InboxWrite {
             group: &config.group,
             message_id,
@@ -421,7 +422,9 @@ impl<D: Store> Inbox<D> {
         let shared = Arc::new(SharedTx::new(id));
         *shared.slot().await = Some(conn);
         let handle = D::handle(&shared).expect("a fresh transaction has no other handle");
-        let result = AssertUnwindSafe(work(handle)).catch_unwind().await;
+        let result = AssertUnwindSafe(work(IdempotentTx::new(handle)))
+            .catch_unwind()
+            .await;
         let leaked = shared.live_handles() > 0;
         // A leaked handle may hold the transaction: it then rolls back when the handle
         // lets go of it.
@@ -449,7 +452,7 @@ impl<D: Store> Inbox<D> {
                         Ok(Outcome::Processed(value))
                     }
                     Err(e) => {
-                        tracing::error!(group = %config.group, message = %id, error = %crate::error::Chain(&e),
+                        tracing::error!(group = %config.group, message = %id, error = %crate::engine::error::Chain(&e),
                             "inbox commit failed");
                         telemetry::inbox_message("failed");
                         Err(InboxError::Store(e))
@@ -498,7 +501,7 @@ impl<D: Store> Inbox<D> {
             Ok(Some(attempts)) => u32::try_from(attempts).unwrap_or(0),
             Ok(None) => u32::try_from(prior + 1).unwrap_or(0),
             Err(e) => {
-                tracing::warn!(error = %crate::error::Chain(&e),
+                tracing::warn!(error = %crate::engine::error::Chain(&e),
                     "could not record a failed attempt under the message's lock");
                 self.record_failure(write, error, prior).await
             }

@@ -13,10 +13,10 @@ use http::{HeaderMap, StatusCode};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::rejection::{Rejection, RejectionKind};
-use crate::http::request::{RequestState, replay};
-use crate::store::Store;
+use crate::http::state::{RequestState, replay};
+use crate::store::LeaseStore;
 
-impl<D: Store> RequestState<D> {
+impl<D: LeaseStore> RequestState<D> {
     /// A replay straight from the in-process cache, if it is on and holds the key.
     pub(crate) fn answer_from_cache(&self) -> Option<Response> {
         let cached = self.config.cache.as_ref()?.get(self.id)?;
@@ -55,7 +55,7 @@ impl<D: Store> RequestState<D> {
     /// lock to the caller's release.
     #[cfg(feature = "redis")]
     pub(crate) async fn answer_before_store(&self, lock: Option<Duration>) -> Option<Response> {
-        use crate::engine::front::redis::{LOCK_MARGIN, Lookup};
+        use crate::redis_front::{LOCK_MARGIN, Lookup};
         let Some(front) = self.config.redis.as_ref() else {
             return self.answer_from_limiter();
         };

@@ -13,7 +13,10 @@ pub enum Error {
     /// No connection could be checked out of the pool (the pool's own error: a
     /// `deadpool_postgres::PoolError`, a `bb8::RunError`, ...).
     Pool(Box<dyn std::error::Error + Send + Sync>),
-    /// PostgreSQL (or the connection to it) reported an error, through tokio-postgres.
+    /// PostgreSQL (or the connection to it) reported an error, through tokio-postgres
+    /// (feature `postgres`).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(tokio_postgres::Error),
     /// PostgreSQL (or the connection to it, or sqlx's pool) reported an error, through
     /// sqlx (feature `sqlx`).
@@ -55,88 +58,89 @@ pub enum Error {
 }
 
 impl Error {
-    /// The SQLSTATE code, when PostgreSQL reported one — also when it came through the
-    /// pool (a connection refused by the server).
-    pub fn sql_state(&self) -> Option<tokio_postgres::error::SqlState> {
+    /// The five-character SQLSTATE code, when PostgreSQL reported one — also when it came
+    /// through the pool (a connection refused by the server). Compare it with the codes of
+    /// the PostgreSQL manual's appendix A (`"23505"` is `unique_violation`).
+    pub fn sql_state(&self) -> Option<&str> {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
         while let Some(error) = source {
-            if let Some(e) = error.downcast_ref::<tokio_postgres::Error>() {
-                if let Some(code) = e.code() {
-                    return Some(code.clone());
-                }
-            }
-            #[cfg(feature = "sqlx")]
-            if let Some(code) = error
-                .downcast_ref::<::sqlx::Error>()
-                .and_then(::sqlx::Error::as_database_error)
-                .and_then(|e| e.code())
-            {
-                return Some(tokio_postgres::error::SqlState::from_code(&code));
+            if let Some(code) = driver_sql_state(error) {
+                return Some(code);
             }
             source = error.source();
         }
         None
     }
-}
 
-impl Error {
-    /// Whether PostgreSQL said a table, function or column of the crate does not exist
-    /// (SQLSTATE 42P01, 42883, 42703): the schema was never migrated, or is older than this
-    /// version needs. A permanent misconfiguration, not an outage: run
-    /// [`migrate`](crate::migrate).
+    /// Whether PostgreSQL said a table, function or column does not exist (SQLSTATE 42P01,
+    /// 42883, 42703), or the schema check found the schema older than this version needs:
+    /// the schema was never migrated, or is older than this version needs. A permanent
+    /// misconfiguration, not an outage: run [`migrate`](crate::migrate).
     pub fn is_schema_missing(&self) -> bool {
-        use tokio_postgres::error::SqlState;
-        if matches!(self, Self::SchemaOutdated { .. }) {
-            return true;
-        }
-        self.sql_state().is_some_and(|code| {
-            code == SqlState::UNDEFINED_TABLE
-                || code == SqlState::UNDEFINED_FUNCTION
-                || code == SqlState::UNDEFINED_COLUMN
-        })
+        matches!(self, Self::SchemaOutdated { .. })
+            || self
+                .sql_state()
+                .is_some_and(|code| matches!(code, "42P01" | "42883" | "42703"))
     }
-}
 
-impl Error {
     /// Whether a retry may succeed: no pooled connection, a connection lost or refused, the
     /// server shutting down or short of resources, a serialization failure or deadlock.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::Pool(_) => true,
+            #[cfg(feature = "postgres")]
             Self::Postgres(e) if e.is_closed() => true,
             _ => match self.sql_state() {
                 Some(code) => {
-                    let code = code.code();
                     code.starts_with("08")
                         || code.starts_with("53")
                         || code.starts_with("57P")
                         || code == "40001"
                         || code == "40P01"
                 }
-                None => matches!(self, Self::Postgres(_)) || self.is_sqlx_io(),
+                None => self.is_driver_io(),
             },
         }
     }
 
-    #[cfg(feature = "sqlx")]
-    fn is_sqlx_io(&self) -> bool {
-        matches!(
-            self,
-            Self::Sqlx(
+    /// A driver error without a SQLSTATE: the connection, not a statement, failed.
+    fn is_driver_io(&self) -> bool {
+        match self {
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_) => true,
+            #[cfg(feature = "sqlx")]
+            Self::Sqlx(e) => matches!(
+                e,
                 ::sqlx::Error::Io(_)
                     | ::sqlx::Error::PoolTimedOut
                     | ::sqlx::Error::PoolClosed
                     | ::sqlx::Error::WorkerCrashed
-            )
-        )
-    }
-
-    #[cfg(not(feature = "sqlx"))]
-    fn is_sqlx_io(&self) -> bool {
-        false
+            ),
+            _ => false,
+        }
     }
 }
 
+/// The SQLSTATE of one error of the chain, if it is a driver's database error.
+#[allow(unused_variables)]
+fn driver_sql_state<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a str> {
+    #[cfg(feature = "postgres")]
+    if let Some(code) = error
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::code)
+    {
+        return Some(code.code());
+    }
+    #[cfg(feature = "sqlx")]
+    if let Some(database) = error
+        .downcast_ref::<::sqlx::Error>()
+        .and_then(::sqlx::Error::as_database_error)
+        .and_then(|e| e.try_downcast_ref::<::sqlx::postgres::PgDatabaseError>())
+    {
+        return Some(database.code());
+    }
+    None
+}
 /// An error with its whole source chain, `: `-separated, for log lines.
 pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 
@@ -156,6 +160,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Pool(_) => f.write_str("could not check out a database connection"),
+            #[cfg(feature = "postgres")]
             Self::Postgres(_) => f.write_str("database error"),
             #[cfg(feature = "sqlx")]
             Self::Sqlx(_) => f.write_str("database error"),
@@ -188,6 +193,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Self::Pool(e) => Some(&**e),
+            #[cfg(feature = "postgres")]
             Self::Postgres(e) => Some(e),
             #[cfg(feature = "sqlx")]
             Self::Sqlx(e) => Some(e),
@@ -199,6 +205,8 @@ impl std::error::Error for Error {
     }
 }
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 impl From<tokio_postgres::Error> for Error {
     fn from(e: tokio_postgres::Error) -> Self {
         Self::Postgres(e)

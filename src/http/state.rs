@@ -23,7 +23,7 @@ use crate::engine::shared_tx::SharedTx;
 use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::config::{Config, StoreDecision};
 use crate::http::rejection::{Rejection, RejectionKind};
-use crate::store::Store;
+use crate::store::{LeaseStore, Store};
 
 /// The response header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
@@ -49,7 +49,7 @@ pub(crate) struct RequestState<D: Store> {
     pub(crate) redis_lock: AtomicBool,
 }
 
-impl<D: Store> RequestState<D> {
+impl<D: LeaseStore> RequestState<D> {
     pub(crate) fn new(
         config: Arc<Config<D>>,
         scope: String,
@@ -104,7 +104,7 @@ impl<D: Store> RequestState<D> {
                 RejectionKind::CommitFailed,
                 "the response could not be encrypted for storage; the work was rolled back",
             )
-            .with_source(crate::Error::Encryption(e))
+            .with_source(crate::engine::error::Error::Encryption(e))
         })
     }
 
@@ -160,7 +160,7 @@ impl<D: Store> RequestState<D> {
             .claim(self.id, self.fingerprint, config.wait_for_in_flight)
             .await
             .map_err(|e| {
-                tracing::warn!(record = %self.id, error = %crate::error::Chain(&e), "claim failed");
+                tracing::warn!(record = %self.id, error = %crate::engine::error::Chain(&e), "claim failed");
                 self.unavailable(e)
             })?;
         telemetry::claim_time("atomic", started);
@@ -194,7 +194,7 @@ impl<D: Store> RequestState<D> {
         }
     }
 
-    pub(crate) fn unavailable(&self, error: crate::Error) -> Response {
+    pub(crate) fn unavailable(&self, error: crate::engine::error::Error) -> Response {
         telemetry::request(RequestOutcome::StoreError);
         if error.is_schema_missing() {
             schema_missing_logged_once(&error);
@@ -258,7 +258,7 @@ impl<D: Store> RequestState<D> {
                 // Never replay what cannot be decrypted; restoring the key makes it replay.
                 tracing::error!(record = %self.id, error = %e,
                     "stored response could not be decrypted; not replayed");
-                return self.unavailable(crate::Error::Encryption(e));
+                return self.unavailable(crate::engine::error::Error::Encryption(e));
             }
         };
         self.remember(stored.status, &stored.headers, &body, stored.expires_in)
@@ -394,7 +394,7 @@ impl<D: Store> RequestState<D> {
                 }
             }
             Err(CommitError::Failed(e)) => {
-                tracing::error!(record = %self.id, error = %crate::error::Chain(&e),
+                tracing::error!(record = %self.id, error = %crate::engine::error::Chain(&e),
                     "commit failed or its outcome is unknown");
                 drop(conn);
                 telemetry::request(RequestOutcome::StoreError);
@@ -450,9 +450,9 @@ impl<D: Store> RequestState<D> {
 
 /// Logs a missing schema at error level, with the database's own message, once per
 /// process; later occurrences at debug level.
-fn schema_missing_logged_once(error: &crate::Error) {
+fn schema_missing_logged_once(error: &crate::engine::error::Error) {
     static LOGGED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    let chain = crate::error::Chain(error);
+    let chain = crate::engine::error::Chain(error);
     if !LOGGED.swap(true, Ordering::Relaxed) {
         tracing::error!(error = %chain,
             "the idempotency schema is missing or outdated: run axum_idempotency::migrate");

@@ -1,0 +1,6 @@
+//! Operating the crate's tables: [`Admin`](admin::Admin), the look-ups and repairs an
+//! operator runs, and the [`Sweeper`](sweeper::Sweeper), the background task that purges
+//! expired rows and reports stuck leases.
+
+pub(crate) mod admin;
+pub(crate) mod sweeper;

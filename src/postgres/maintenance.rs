@@ -1,0 +1,61 @@
+//! Maintenance on tokio-postgres: the sweeper's autocommit batches, the stale-lease scan,
+//! and the record look-ups of `Admin`.
+
+use super::PgStore;
+use super::statement;
+use crate::engine::error::Error;
+use crate::engine::key::RecordId;
+use crate::engine::record::{Backlog, SweepBatch};
+use crate::engine::view::RecordInfo;
+use crate::store::{MaintenanceStore, rows};
+
+impl MaintenanceStore for PgStore {
+    async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let affected = match batch {
+            SweepBatch::PurgeRecords(r)
+            | SweepBatch::PurgeMessages(r)
+            | SweepBatch::PurgeOutbox(r) => {
+                let sql = match batch {
+                    SweepBatch::PurgeRecords(_) => &statement::PURGE_RECORDS,
+                    SweepBatch::PurgeMessages(_) => &statement::PURGE_MESSAGES,
+                    _ => &statement::PURGE_OUTBOX,
+                };
+                let success = r.success_grace.as_secs_f64();
+                let failure = r.failure_retention.as_secs_f64();
+                let earliest = success.min(failure);
+                let statement = db.prepare(sql).await?;
+                db.execute(&statement, &[&success, &failure, &earliest, &r.limit])
+                    .await?
+            }
+            SweepBatch::MarkStaleFailed { after, limit } => {
+                let statement = db.prepare(&statement::MARK_STALE_FAILED).await?;
+                db.execute(&statement, &[&after.as_secs_f64(), &limit])
+                    .await?
+            }
+        };
+        Ok(affected)
+    }
+
+    async fn stale_summary(&self) -> Result<Backlog, Error> {
+        self.backlog(&statement::STALE_SUMMARY).await
+    }
+
+    async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
+        self.rows(&statement::STALE_IDS, &[&limit], |row| row.try_get(0))
+            .await
+    }
+
+    async fn record_info(&self, id: RecordId) -> Result<Option<RecordInfo>, Error> {
+        Ok(self
+            .rows(&statement::ADMIN_RECORD, &[&id], rows::record_info)
+            .await?
+            .pop())
+    }
+
+    async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
+        self.rows(&statement::ADMIN_STALE, &[&limit], rows::record_info)
+            .await
+    }
+}

@@ -1,0 +1,61 @@
+//! Lease mode on sqlx: the PROCESSING record committed on its own, and its fenced
+//! completion, one autocommit statement each.
+
+use std::time::Duration;
+
+use ::sqlx::Row;
+
+use super::SqlxStore;
+use crate::engine::error::Error;
+use crate::engine::record::{LeaseClaim, LeaseEnd, NewRecord};
+use crate::store::{LeaseStore, Store, sql};
+
+impl LeaseStore for SqlxStore {
+    /// The upsert commits on its own; only when it did not take the key is the record read.
+    async fn lease_acquire(
+        &self,
+        record: &NewRecord<'_>,
+        lease: Duration,
+    ) -> Result<LeaseClaim, Error> {
+        let acquired = self
+            .query(sql::LEASE_ACQUIRE)
+            .bind(record.id)
+            .bind(record.scope)
+            .bind(record.raw_key)
+            .bind(&record.fingerprint.0[..])
+            .bind(lease.as_secs_f64())
+            .bind(record.ttl.as_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = acquired {
+            return Ok(LeaseClaim::Acquired {
+                token: row.try_get(0)?,
+                took_over: row.try_get(1)?,
+            });
+        }
+        let found = self.lookup(record.id).await?;
+        Ok(LeaseClaim::not_acquired(found, record.fingerprint))
+    }
+
+    async fn lease_complete(
+        &self,
+        record: &NewRecord<'_>,
+        token: i64,
+        end: LeaseEnd,
+    ) -> Result<bool, Error> {
+        let done = self
+            .query(sql::LEASE_COMPLETE)
+            .bind(record.id)
+            .bind(token)
+            .bind(end.state())
+            .bind(end.retryable())
+            .bind(record.status.as_u16() as i16)
+            .bind(&record.headers[..])
+            .bind(&*record.body.bytes)
+            .bind(record.body.key_id)
+            .bind(record.ttl.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

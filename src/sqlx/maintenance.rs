@@ -1,0 +1,60 @@
+//! Maintenance on sqlx: the sweeper's autocommit batches, the stale-lease scan, and the
+//! record look-ups of `Admin`.
+
+use ::sqlx::Row;
+
+use super::SqlxStore;
+use crate::engine::error::Error;
+use crate::engine::key::RecordId;
+use crate::engine::record::{Backlog, SweepBatch};
+use crate::engine::view::RecordInfo;
+use crate::store::{MaintenanceStore, rows, sql};
+
+impl MaintenanceStore for SqlxStore {
+    async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
+        let query = match batch {
+            SweepBatch::PurgeRecords(r)
+            | SweepBatch::PurgeMessages(r)
+            | SweepBatch::PurgeOutbox(r) => {
+                let sql = match batch {
+                    SweepBatch::PurgeRecords(_) => sql::PURGE_RECORDS,
+                    SweepBatch::PurgeMessages(_) => sql::PURGE_MESSAGES,
+                    _ => sql::PURGE_OUTBOX,
+                };
+                let success = r.success_grace.as_secs_f64();
+                let failure = r.failure_retention.as_secs_f64();
+                self.query(sql)
+                    .bind(success)
+                    .bind(failure)
+                    .bind(success.min(failure))
+                    .bind(r.limit)
+            }
+            SweepBatch::MarkStaleFailed { after, limit } => self
+                .query(sql::MARK_STALE_FAILED)
+                .bind(after.as_secs_f64())
+                .bind(limit),
+        };
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+
+    async fn stale_summary(&self) -> Result<Backlog, Error> {
+        self.backlog(sql::STALE_SUMMARY).await
+    }
+
+    async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
+        self.rows(self.query(sql::STALE_IDS).bind(limit), |row| row.try_get(0))
+            .await
+    }
+
+    async fn record_info(&self, id: RecordId) -> Result<Option<RecordInfo>, Error> {
+        Ok(self
+            .rows(self.query(sql::ADMIN_RECORD).bind(id), rows::record_info)
+            .await?
+            .pop())
+    }
+
+    async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
+        self.rows(self.query(sql::ADMIN_STALE).bind(limit), rows::record_info)
+            .await
+    }
+}

@@ -1,0 +1,164 @@
+//! The optional abilities on top of [`Store`]: each component asks for exactly the one it
+//! uses, and each driver implements each in the module of that concern
+//! (`postgres/inbox.rs` holds `impl InboxStore for PgStore`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::Store;
+use crate::engine::error::Error;
+use crate::engine::key::RecordId;
+use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement};
+use crate::engine::record::{
+    Backlog, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord, SweepBatch,
+};
+use crate::engine::view::{MessageInfo, OutboxInfo, RecordInfo};
+
+/// Lease mode ([`IdempotentLease`](crate::IdempotentLease)): a PROCESSING record committed
+/// before the handler runs, and its fenced completion. The layer asks for it, since any
+/// route under it may take the lease extractor.
+pub trait LeaseStore: Store {
+    /// Lease mode: commits a PROCESSING record, or takes over a replaceable one.
+    #[doc(hidden)]
+    fn lease_acquire(
+        &self,
+        record: &NewRecord<'_>,
+        lease: Duration,
+    ) -> impl Future<Output = Result<LeaseClaim, Error>> + Send;
+
+    /// Lease mode: the holder's fenced completion; `false` if the lease was taken over.
+    #[doc(hidden)]
+    fn lease_complete(
+        &self,
+        record: &NewRecord<'_>,
+        token: i64,
+        end: LeaseEnd,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+}
+
+/// The [`Inbox`](crate::Inbox): a message's record in the consumer's transaction, its
+/// failed attempts, and the look-ups [`Admin`](crate::Admin) makes of them.
+pub trait InboxStore: Store {
+    /// Begins a message's transaction, waits (bounded) for its lock, reads its record and
+    /// takes the savepoint a failed attempt rolls back to.
+    #[doc(hidden)]
+    fn inbox_claim(
+        &self,
+        id: RecordId,
+        group: &str,
+        message_id: &str,
+        wait: Duration,
+    ) -> impl Future<Output = Result<InboxClaim<Self::Conn>, Error>> + Send;
+
+    /// Records success and commits with the consumer's work.
+    #[doc(hidden)]
+    fn inbox_commit(
+        conn: &mut Self::Conn,
+        write: &InboxWrite<'_>,
+        attempts: i32,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Rolls the consumer's work back to the savepoint taken after the message's lock,
+    /// records the failed attempt under that lock and commits; `None` if the message has
+    /// succeeded (it cannot, under the lock).
+    #[doc(hidden)]
+    fn inbox_fail(
+        conn: Self::Conn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
+
+    /// Records a failed attempt in a transaction of its own (when the work kept its
+    /// transaction); `None` if the message has meanwhile succeeded.
+    #[doc(hidden)]
+    fn inbox_record_failure(
+        &self,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
+
+    #[doc(hidden)]
+    fn message_info(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> impl Future<Output = Result<Option<MessageInfo>, Error>> + Send;
+
+    #[doc(hidden)]
+    fn failed_messages(
+        &self,
+        group: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<MessageInfo>, Error>> + Send;
+}
+
+/// The transactional outbox: the enqueue in a handler's transaction
+/// ([`IdempotentTx::enqueue`](crate::IdempotentTx::enqueue)), the
+/// [`OutboxRelay`](crate::outbox::OutboxRelay)'s batches, and the look-ups and requeue of
+/// [`Admin`](crate::Admin).
+pub trait OutboxStore: Store {
+    /// Enqueues `message` in the handle's transaction.
+    #[doc(hidden)]
+    fn enqueue(
+        handle: &mut Self::Handle,
+        message: &OutboxMessage,
+    ) -> impl Future<Output = Result<Enqueued, Error>> + Send;
+
+    /// Begins a transaction and locks the oldest pending outbox messages that are due, at
+    /// most `limit`, skipping those another relay holds; `None` (and the transaction
+    /// ended) when there are none.
+    #[doc(hidden)]
+    fn outbox_lock_batch(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<Option<OutboxBatch<Self::Conn>>, Error>> + Send;
+
+    /// Marks a locked batch's confirmed messages SENT and its refused ones retried or
+    /// parked, and commits; the number parked.
+    #[doc(hidden)]
+    fn outbox_settle(
+        conn: Self::Conn,
+        settlement: &Settlement<'_>,
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    #[doc(hidden)]
+    fn outbox_pending(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
+
+    #[doc(hidden)]
+    fn outbox_messages(
+        &self,
+        state: &str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send;
+
+    /// Puts a parked message back in the queue; whether one was parked under that id.
+    #[doc(hidden)]
+    fn outbox_requeue(&self, message_id: &str) -> impl Future<Output = Result<bool, Error>> + Send;
+}
+
+/// Maintenance of the idempotency records: the [`Sweeper`](crate::Sweeper)'s batches and
+/// stale-lease scan, and [`Admin`](crate::Admin)'s look-ups of records.
+pub trait MaintenanceStore: Store {
+    /// One autocommit batch of the sweeper; the rows it affected.
+    #[doc(hidden)]
+    fn sweep_batch(&self, batch: SweepBatch) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    #[doc(hidden)]
+    fn stale_summary(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
+
+    /// Ids of the stalest PROCESSING records, the stalest first.
+    #[doc(hidden)]
+    fn stale_ids(&self, limit: i64) -> impl Future<Output = Result<Vec<Vec<u8>>, Error>> + Send;
+
+    #[doc(hidden)]
+    fn record_info(
+        &self,
+        id: RecordId,
+    ) -> impl Future<Output = Result<Option<RecordInfo>, Error>> + Send;
+
+    #[doc(hidden)]
+    fn stale_records(
+        &self,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<RecordInfo>, Error>> + Send;
+}

@@ -1,0 +1,115 @@
+//! The row decoders, written once for every driver: each reads the columns of one
+//! statement of [`sql`](super::sql) in that statement's order, through [`Row`], which each
+//! driver implements for its own row type with `impl_row!`.
+
+use crate::engine::key::hex;
+use crate::engine::record::RecordRow;
+use crate::engine::view::{MessageInfo, OutboxInfo, RecordInfo, epoch};
+
+/// A driver's result row, read by column position.
+pub(crate) trait Row {
+    /// The driver's decoding error.
+    type Error;
+    fn text(&self, i: usize) -> Result<String, Self::Error>;
+    fn opt_text(&self, i: usize) -> Result<Option<String>, Self::Error>;
+    fn bytes(&self, i: usize) -> Result<Vec<u8>, Self::Error>;
+    fn opt_bytes(&self, i: usize) -> Result<Option<Vec<u8>>, Self::Error>;
+    fn boolean(&self, i: usize) -> Result<bool, Self::Error>;
+    fn i16(&self, i: usize) -> Result<i16, Self::Error>;
+    fn opt_i16(&self, i: usize) -> Result<Option<i16>, Self::Error>;
+    fn i32(&self, i: usize) -> Result<i32, Self::Error>;
+    fn opt_i32(&self, i: usize) -> Result<Option<i32>, Self::Error>;
+    fn i64(&self, i: usize) -> Result<i64, Self::Error>;
+    fn f64(&self, i: usize) -> Result<f64, Self::Error>;
+    fn opt_f64(&self, i: usize) -> Result<Option<f64>, Self::Error>;
+}
+
+/// Implements [`Row`] for a driver's row type whose `try_get(usize)` decodes every column
+/// type the crate reads (`tokio_postgres::Row`, `sqlx::postgres::PgRow` with `sqlx::Row`
+/// in scope).
+macro_rules! impl_row {
+    ($row:ty, $error:ty) => {
+        impl $crate::store::rows::Row for $row {
+            type Error = $error;
+            $crate::store::rows::impl_row!(@get $error; text String, opt_text Option<String>,
+                bytes Vec<u8>, opt_bytes Option<Vec<u8>>, boolean bool, i16 i16,
+                opt_i16 Option<i16>, i32 i32, opt_i32 Option<i32>, i64 i64, f64 f64,
+                opt_f64 Option<f64>);
+        }
+    };
+    (@get $error:ty; $($name:ident $ty:ty),*) => {
+        $(fn $name(&self, i: usize) -> Result<$ty, $error> {
+            self.try_get(i)
+        })*
+    };
+}
+pub(crate) use impl_row;
+
+/// The columns of [`sql::LOOKUP`](super::sql::LOOKUP); the claim function returns the
+/// same, with `locked` and `found` before `body_key_id`, which is at `body_key_id`.
+pub(crate) fn record_row<R: Row>(row: &R, body_key_id: usize) -> Result<RecordRow, R::Error> {
+    Ok(RecordRow {
+        status: row.i16(0)?,
+        headers: row.bytes(1)?,
+        body: row.bytes(2)?,
+        fingerprint: row.bytes(3)?,
+        expired: row.boolean(4)?,
+        state: row.text(5)?,
+        retryable: row.boolean(6)?,
+        lease_left: row.opt_i32(7)?,
+        expires_in: row.f64(8)?,
+        body_key_id: row.opt_i16(body_key_id)?,
+    })
+}
+
+/// The columns of [`sql::ADMIN_RECORD`](super::sql::ADMIN_RECORD) and
+/// [`sql::ADMIN_STALE`](super::sql::ADMIN_STALE) (`select_record!`).
+pub(crate) fn record_info<R: Row>(row: &R) -> Result<RecordInfo, R::Error> {
+    Ok(RecordInfo {
+        id: hex(&row.bytes(0)?),
+        scope: row.text(1)?,
+        key: row.opt_text(2)?,
+        state: row.text(3)?,
+        retryable: row.boolean(4)?,
+        status: u16::try_from(row.i16(5)?).unwrap_or(0),
+        fingerprint: hex(&row.bytes(6)?),
+        fencing_token: row.i64(7)?,
+        created_at: epoch(row.f64(8)?),
+        updated_at: epoch(row.f64(9)?),
+        expires_at: epoch(row.f64(10)?),
+        locked_until: row.opt_f64(11)?.map(epoch),
+        response_bytes: usize::try_from(row.i64(12)?).unwrap_or(usize::MAX),
+    })
+}
+
+/// The columns of [`sql::ADMIN_MESSAGE`](super::sql::ADMIN_MESSAGE) and
+/// [`sql::ADMIN_FAILED_MESSAGES`](super::sql::ADMIN_FAILED_MESSAGES) (`select_message!`).
+pub(crate) fn message_info<R: Row>(row: &R) -> Result<MessageInfo, R::Error> {
+    Ok(MessageInfo {
+        consumer_group: row.text(0)?,
+        message_id: row.text(1)?,
+        status: row.text(2)?,
+        attempts: u32::try_from(row.i32(3)?).unwrap_or(0),
+        last_error: row.opt_text(4)?,
+        payload_digest: row.opt_bytes(5)?.as_deref().map(hex),
+        created_at: epoch(row.f64(6)?),
+        updated_at: epoch(row.f64(7)?),
+        expires_at: epoch(row.f64(8)?),
+    })
+}
+
+/// The columns of [`sql::ADMIN_OUTBOX`](super::sql::ADMIN_OUTBOX).
+pub(crate) fn outbox_info<R: Row>(row: &R) -> Result<OutboxInfo, R::Error> {
+    Ok(OutboxInfo {
+        seq: row.i64(0)?,
+        message_id: row.text(1)?,
+        topic: row.text(2)?,
+        ordering_key: row.opt_text(3)?,
+        state: row.text(4)?,
+        attempts: u32::try_from(row.i32(5)?).unwrap_or(0),
+        last_error: row.opt_text(6)?,
+        payload_bytes: usize::try_from(row.i64(7)?).unwrap_or(usize::MAX),
+        created_at: epoch(row.f64(8)?),
+        sent_at: row.opt_f64(9)?.map(epoch),
+    })
+}
