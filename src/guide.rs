@@ -8,6 +8,7 @@
 //! | [`inbox`] | the [`Inbox`](crate::Inbox) for message consumers: duplicates, failures, dead-lettering |
 //! | [`outbox`] | the transactional outbox: enqueueing in the handler's transaction, the relay, RabbitMQ, ordering, what is guaranteed, scheduled jobs |
 //! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling |
+//! | [`monitoring`] | the Grafana dashboard and Prometheus alerts shipped in `monitoring/`: wiring the recorder, importing the dashboard, loading the rules, and a runbook for every alert |
 //! | [`security`] | scopes, what is stored and what is not, encryption at rest, TLS to PostgreSQL |
 
 #[doc = include_str!("../docs/atomic.md")]
@@ -24,6 +25,9 @@ pub mod outbox {}
 
 #[doc = include_str!("../docs/operations.md")]
 pub mod operations {}
+
+#[doc = include_str!("../docs/monitoring.md")]
+pub mod monitoring {}
 
 #[doc = include_str!("../docs/security.md")]
 pub mod security {}
