@@ -15,9 +15,9 @@ use serde_json::Value;
 use crate::engine::crypto::{EncryptionError, open_body, seal_body};
 use crate::engine::fingerprint::{DEFAULT_MAX_JSON_DEPTH, Fingerprinter, parse_pointer};
 use crate::engine::key::model::{key as key_model, sf_string};
+use crate::engine::key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 use crate::engine::key::{RecordId, validate_message_id};
 use crate::engine::record::{decode_headers, encode_headers};
-use crate::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 
 /// One target's property check: panics when the property does not hold for the input.
 pub type Check = fn(&[u8]);
@@ -197,7 +197,7 @@ pub fn body(data: &[u8]) {
 
 #[cfg(feature = "encryption")]
 fn sealed_body(data: &[u8], key_id: i16, stored: &[u8], record: RecordId) {
-    use crate::BodyKeys;
+    use crate::engine::crypto::BodyKeys;
     use crate::engine::crypto::seal_payload;
 
     let keys = BodyKeys::new(1, [0x11; 32]).with_old_key(2, [0x22; 32]);

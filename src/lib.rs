@@ -2,21 +2,38 @@
 //!
 //! # How it is built
 //!
-//! The folder list is the architecture:
+//! The folders are the parts, and each part imports only the parts below it:
 //!
-//! | module | what it holds |
-//! | --- | --- |
-//! | `http/` | the HTTP adapter: [`IdempotencyLayer`], the [`Idempotency`] service and its [`ResponseFuture`], the per-request state shared with the extractors, [`IdempotentLease`], the [`Rejection`]s. No SQL. |
-//! | `engine/` | driver-neutral: key parsing and record ids, fingerprints, the store policy ([`StoreDecision`]), the claim's outcomes and completion rules, the stored-response codec, encryption at rest, the in-process cache and the Redis front line, metrics. |
-//! | `store/` | the seam: the sealed [`Store`] trait every driver implements, [`IntoStore`] and [`migrate`], the statement texts the drivers share, the migration list. |
-//! | `postgres/` | the tokio-postgres driver: [`PgStore`](postgres::PgStore) over any [`ClientPool`](postgres::ClientPool) (deadpool, bb8, yours), [`IdempotentTx`]. |
-//! | `sqlx/` | the sqlx driver (feature `sqlx`): `SqlxStore` over an `sqlx::PgPool`, its own `IdempotentTx` that derefs to the transaction's `PgConnection`. |
-//! | `outbox/` | the transactional outbox's relay ([`outbox::OutboxRelay`]), the [`outbox::Publisher`] seam and the RabbitMQ publisher; the message and batch rules live in `engine/outbox.rs`, the statements with the drivers. |
-//! | `inbox.rs`, `sweeper.rs`, `admin.rs` | the [`Inbox`], the [`Sweeper`] and [`Admin`], written once against [`Store`]. |
-//! | `guide.rs` | the guides: documentation only ([`guide`]), no code. |
+//! ```text
+//!   http/  inbox/  outbox/  ops/         client/  openapi.rs
+//!     │  ╲    │       │       │             │        │ (→ http)
+//!     │   redis_front/ │       │             │        │
+//!     ▼       ▼  ▼    ▼       ▼             │        │
+//!   store/  (the seam: Store + abilities, IdempotentTx<D>, migrate)
+//!     ▲            ▲                         │        │
+//!   postgres/    sqlx/   (drivers: implement the seam's traits)
+//!     │            │                         │        │
+//!     ▼            ▼                         ▼        ▼
+//!   engine/  (driver-neutral: keys, fingerprints, policy, records, codec, crypto,
+//!             caches, limiter, listener, views, metrics, error)
+//! ```
 //!
-//! Every SQL statement lives under `store/` and the driver modules; `migrations/` holds
-//! the SQL files every driver's `migrate` runs.
+//! | part | holds | may import |
+//! | --- | --- | --- |
+//! | `engine/` | keys and record ids, fingerprints, the store policy ([`StoreDecision`]), the claim's outcomes and completion rules, the stored-response codec, encryption at rest, the in-process cache, the hot-key limiter, the outbox's message rules and [`outbox::Listener`], the operator's views ([`RecordInfo`], ...), metric names, [`Error`] | nothing |
+//! | `store/` | the seam: [`Store`] (the HTTP claim) and the abilities [`LeaseStore`], [`InboxStore`], [`OutboxStore`], [`MaintenanceStore`]; [`IdempotentTx`]; [`IntoStore`], [`migrate`], [`check_schema`]; the statement texts and their row decoders; the migration list | engine |
+//! | `postgres/`, `sqlx/` | the drivers (features `postgres`, `sqlx`), the same files in both: `store.rs` (the claim), `lease.rs`, `inbox.rs`, `outbox.rs`, `maintenance.rs` (one ability each), `migrate.rs`, `listen.rs`, `conn.rs`, `tx.rs` | store, engine |
+//! | `redis_front/` | the Redis front line (feature `redis`) | engine |
+//! | `http/` | the HTTP adapter: [`IdempotencyLayer`] (`layer.rs`), [`Idempotency`] (`service.rs`), [`ResponseFuture`] (`future.rs`), the request's state (`state.rs`), its claim (`claim.rs`) and completion (`complete.rs`), the answers found before the database (`front.rs`), lease mode (`lease.rs`), the extractors (`extract.rs`), the [`Rejection`]s | store, engine, redis_front |
+//! | `inbox/`, `outbox/`, `ops/` | the [`Inbox`]; the [`outbox::OutboxRelay`] and its [`outbox::Publisher`]s; [`Admin`] and the [`Sweeper`] — each asking for the ability it uses | store, engine |
+//! | `client/`, `openapi.rs` | the caller's middleware (feature `client`); the OpenAPI declarations (feature `utoipa`) | engine (openapi: and http) |
+//! | `guide.rs` | the guides ([`guide`]): documentation only | nothing |
+//!
+//! `lib.rs` holds only these docs and the re-exports. `tests/layering.rs` checks the
+//! arrows (`cargo test --test layering`): a line of code in one part may name another
+//! only as the table allows, and never through a crate-root re-export. Every SQL statement
+//! lives under `store/` and the driver folders; `migrations/` holds the SQL files every
+//! driver's `migrate` runs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a driver feature nothing can run; the build still compiles, quietly.
 #![cfg_attr(
@@ -55,12 +72,13 @@ mod store;
 pub use crate::engine::crypto::BodyKeys;
 pub use crate::engine::crypto::EncryptionError;
 pub use crate::engine::error::Error;
-pub use crate::engine::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN};
+pub use crate::engine::key::{
+    IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
+};
 pub use crate::engine::policy::StoreDecision;
 pub use crate::engine::view::{MessageInfo, OutboxInfo, OutboxState, RecordInfo};
 pub use crate::http::lease::IdempotentLease;
 pub use crate::http::rejection::{Rejection, RejectionKind};
-pub use crate::http::state::REPLAYED_HEADER;
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError};
 pub use crate::ops::admin::Admin;

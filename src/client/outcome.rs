@@ -5,7 +5,7 @@ use std::fmt;
 use http::HeaderValue;
 use reqwest::Response;
 
-use crate::http::state::REPLAYED_HEADER;
+use crate::engine::key::REPLAYED_HEADER;
 
 /// What the middleware did for one logical request, kept in the final response's
 /// extensions; read it with [`IdempotentResponseExt::idempotency`].

@@ -48,13 +48,13 @@ pub enum Error {
     },
     /// A key given to [`Admin::lookup`](crate::Admin::lookup) is not a valid
     /// `Idempotency-Key` value.
-    InvalidKey(crate::KeyError),
+    InvalidKey(crate::engine::key::KeyError),
     /// An [`OutboxMessage`](crate::outbox::OutboxMessage) was refused before it reached
     /// the database (see [`MessageError`](crate::outbox::MessageError)).
-    InvalidMessage(crate::outbox::MessageError),
+    InvalidMessage(crate::engine::outbox::MessageError),
     /// A stored response body or inbox payload could not be encrypted or decrypted (see
     /// [`EncryptionError`](crate::EncryptionError)).
-    Encryption(crate::EncryptionError),
+    Encryption(crate::engine::crypto::EncryptionError),
 }
 
 impl Error {

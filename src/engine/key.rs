@@ -12,6 +12,9 @@ use sha2::{Digest, Sha256};
 /// The request header that carries the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
+/// The response header that marks a replayed response.
+pub const REPLAYED_HEADER: &str = "idempotent-replayed";
+
 /// The longest key accepted, in characters after unquoting.
 pub const MAX_KEY_LEN: usize = 255;
 

@@ -17,9 +17,9 @@ use crate::store::{IdempotentTx, LeaseStore, Store};
 
 /// Request extension: a keyed request on a covered method, for the extractors of the
 /// layer's driver.
-pub(crate) struct Idempotent<D: Store>(pub(crate) Arc<RequestState<D>>);
+pub(crate) struct KeyedRequest<D: Store>(pub(crate) Arc<RequestState<D>>);
 
-impl<D: Store> Clone for Idempotent<D> {
+impl<D: Store> Clone for KeyedRequest<D> {
     fn clone(&self) -> Self {
         Self(Arc::clone(&self.0))
     }
@@ -28,7 +28,7 @@ impl<D: Store> Clone for Idempotent<D> {
 /// Request extension: the same request for the driver-neutral lease extractor, and the
 /// layer's driver for the diagnostics of an extractor of another driver.
 #[derive(Clone)]
-pub(crate) struct Keyed(pub(crate) Arc<dyn Claimant>);
+pub(crate) struct LeaseClaimant(pub(crate) Arc<dyn Claimant>);
 
 /// What a driver-neutral extractor can do with a keyed request.
 pub(crate) trait Claimant: Send + Sync + 'static {
@@ -78,7 +78,7 @@ pub(crate) fn request_state<D: Store>(
     parts: &Parts,
     extractor: &str,
 ) -> Result<Arc<RequestState<D>>, Rejection> {
-    if let Some(Idempotent(state)) = parts.extensions.get::<Idempotent<D>>() {
+    if let Some(KeyedRequest(state)) = parts.extensions.get::<KeyedRequest<D>>() {
         return Ok(Arc::clone(state));
     }
     keyed_rejection(parts, extractor, Some(D::DRIVER))
@@ -91,8 +91,8 @@ pub(crate) fn keyed_rejection<T>(
     extractor: &str,
     driver: Option<&str>,
 ) -> Result<T, Rejection> {
-    let rejection = if let (Some(Keyed(other)), Some(driver)) =
-        (parts.extensions.get::<Keyed>(), driver)
+    let rejection = if let (Some(LeaseClaimant(other)), Some(driver)) =
+        (parts.extensions.get::<LeaseClaimant>(), driver)
     {
         Rejection::new(
             RejectionKind::LayerMissing,
@@ -154,8 +154,8 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotentLease {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        match parts.extensions.get::<Keyed>() {
-            Some(Keyed(state)) => Arc::clone(state).claim_lease().await,
+        match parts.extensions.get::<LeaseClaimant>() {
+            Some(LeaseClaimant(state)) => Arc::clone(state).claim_lease().await,
             None => keyed_rejection(parts, "IdempotentLease", None)
                 .map_err(|r: Rejection| r.problem_response()),
         }

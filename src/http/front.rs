@@ -12,8 +12,9 @@ use http::{HeaderMap, StatusCode};
 
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::telemetry::{self, RequestOutcome};
+use crate::http::complete::replay;
 use crate::http::rejection::{Rejection, RejectionKind};
-use crate::http::state::{RequestState, replay};
+use crate::http::state::RequestState;
 use crate::store::LeaseStore;
 
 impl<D: LeaseStore> RequestState<D> {

@@ -33,7 +33,7 @@ pin_project! {
             future: F,
             on_rejection: Option<RejectionHandler>,
         },
-        Idempotent {
+        KeyedRequest {
             future: BoxedResponse<E>,
         },
     }
@@ -51,7 +51,7 @@ impl<F, E> ResponseFuture<F, E> {
 
     pub(crate) fn idempotent(future: BoxedResponse<E>) -> Self {
         Self {
-            kind: Kind::Idempotent { future },
+            kind: Kind::KeyedRequest { future },
         }
     }
 }
@@ -73,7 +73,7 @@ where
                 let response = ready!(future.poll(cx))?;
                 Poll::Ready(Ok(finalize(response.map(Body::new), on_rejection.as_ref())))
             }
-            KindProj::Idempotent { future } => future.as_mut().poll(cx),
+            KindProj::KeyedRequest { future } => future.as_mut().poll(cx),
         }
     }
 }
@@ -82,7 +82,7 @@ impl<F, E> fmt::Debug for ResponseFuture<F, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match self.kind {
             Kind::Passthrough { .. } => "Passthrough",
-            Kind::Idempotent { .. } => "Idempotent",
+            Kind::KeyedRequest { .. } => "KeyedRequest",
         };
         f.debug_struct("ResponseFuture")
             .field("kind", &kind)

@@ -9,11 +9,11 @@ use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 use super::Idempotency;
-use crate::Rejection;
 use crate::engine::cache::ResponseCache;
 use crate::engine::fingerprint::parse_pointer;
 use crate::engine::limit::{AttemptLimiter, TRACKED_KEYS};
 use crate::http::config::{Config, StoreDecision};
+use crate::http::rejection::Rejection;
 #[cfg(feature = "redis")]
 use crate::redis_front::{RedisFront, RedisOptions};
 use crate::store::{IntoStore, LeaseStore, Store};
@@ -287,7 +287,7 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
     /// prepared earlier does not exist, and requests fail with 503. Statements the handler
     /// runs through [`IdempotentTx`](crate::IdempotentTx) are the handler's business: as
     /// SQL text they run inside the request's transaction and are fine; do not use
-    /// [`IdempotentTx::prepare_cached`](crate::IdempotentTx::prepare_cached) there. The
+    /// [`IdempotentTx::prepare_cached`](crate::postgres::PgTx::prepare_cached) there. The
     /// same setting exists on [`Inbox`](crate::Inbox::prepared_statements),
     /// [`Sweeper`](crate::Sweeper::prepared_statements) and
     /// [`Admin`](crate::Admin::prepared_statements).
@@ -424,7 +424,7 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
     #[cfg(feature = "encryption")]
     #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
     #[must_use]
-    pub fn encrypt_bodies(self, keys: crate::BodyKeys) -> Self {
+    pub fn encrypt_bodies(self, keys: crate::engine::crypto::BodyKeys) -> Self {
         self.with(|c| c.body_keys = Some(keys))
     }
 

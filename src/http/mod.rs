@@ -3,6 +3,8 @@
 //! and the rejections. It knows nothing of SQL: every database step goes through the
 //! request's [`Store`](crate::Store).
 
+mod claim;
+mod complete;
 pub(crate) mod config;
 pub(crate) mod extract;
 mod front;

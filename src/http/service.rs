@@ -18,7 +18,7 @@ use super::{IdempotencyLayer, ResponseFuture};
 use crate::engine::key::{IDEMPOTENCY_KEY, IdempotencyKey, KeyError};
 use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::config::Config;
-use crate::http::extract::{Idempotent, KeyInvalid, KeyMissing, Keyed, MethodNotCovered};
+use crate::http::extract::{KeyInvalid, KeyMissing, KeyedRequest, LeaseClaimant, MethodNotCovered};
 use crate::http::rejection::{Rejection, RejectionKind, finalize};
 use crate::http::state::RequestState;
 use crate::store::{IntoStore, LeaseStore, Store};
@@ -180,8 +180,10 @@ where
         key,
         fingerprint,
     ));
-    parts.extensions.insert(Idempotent(Arc::clone(&state)));
-    parts.extensions.insert(Keyed(Arc::clone(&state) as _));
+    parts.extensions.insert(KeyedRequest(Arc::clone(&state)));
+    parts
+        .extensions
+        .insert(LeaseClaimant(Arc::clone(&state) as _));
     let handler = inner.call(Request::from_parts(parts, Body::from(body)));
 
     let outcome = if config.finish_on_disconnect {

@@ -379,7 +379,7 @@ mod tests {
             .max_size(1)
             .build()
             .unwrap();
-        crate::migrate(&pool).await.unwrap();
+        crate::store::migrate(&pool).await.unwrap();
         pool.close();
 
         let mut checked = 0;

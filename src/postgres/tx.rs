@@ -177,8 +177,8 @@ mod sealed {
     impl Sealed for tokio_postgres::Statement {}
 }
 
-/// A statement [`IdempotentTx`] runs: SQL text (`&str`, `String`) or a [`Statement`]
-/// prepared through [`IdempotentTx::prepare_cached`].
+/// A statement [`IdempotentTx`](super::IdempotentTx) runs: SQL text (`&str`, `String`) or a [`Statement`]
+/// prepared through [`PgTx::prepare_cached`].
 pub trait TxStatement: sealed::Sealed + ToStatement {
     /// The SQL text, when the statement is not prepared yet.
     #[doc(hidden)]

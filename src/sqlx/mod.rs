@@ -102,8 +102,8 @@ impl crate::store::sealed::Sealed for SqlxStore {}
 /// ```
 pub async fn enqueue<'c, E>(
     executor: E,
-    message: &crate::outbox::OutboxMessage,
-) -> Result<crate::outbox::Enqueued, crate::engine::error::Error>
+    message: &crate::engine::outbox::OutboxMessage,
+) -> Result<crate::engine::outbox::Enqueued, crate::engine::error::Error>
 where
     E: ::sqlx::Executor<'c, Database = ::sqlx::Postgres>,
 {
