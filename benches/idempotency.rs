@@ -68,6 +68,23 @@ async fn bare(State(pool): State<Pool>, Json(order): Json<NewOrder>) -> Response
     created(row.get(0), &order)
 }
 
+/// `bare` with `BEGIN` pipelined into the insert: two round trips, the fewest a handler
+/// of its own can spend.
+async fn bare_pipelined(State(pool): State<Pool>, Json(order): Json<NewOrder>) -> Response {
+    let client = pool.get().await.unwrap();
+    let insert = client.prepare_cached(INSERT_ORDER).await.unwrap();
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&order.user_id, &order.amount];
+    let (begun, row) = tokio::join!(
+        biased;
+        client.batch_execute("BEGIN"),
+        client.query_one(&insert, &params),
+    );
+    begun.unwrap();
+    let row = row.unwrap();
+    client.batch_execute("COMMIT").await.unwrap();
+    created(row.get(0), &order)
+}
+
 /// Atomic mode: the same insert, in the layer's transaction.
 async fn atomic(tx: IdempotentTx, Json(order): Json<NewOrder>) -> Response {
     let insert = tx.prepare_cached(INSERT_ORDER).await.unwrap();
@@ -154,6 +171,7 @@ fn app(pool: Pool, layer: IdempotencyLayer<PgStore>) -> Router {
         .with_state(pool.clone());
     Router::new()
         .route("/bare", post(bare))
+        .route("/bare-pipelined", post(bare_pipelined))
         .route("/three-commit", post(three_commit))
         .with_state(pool)
         .merge(idempotent)
@@ -226,7 +244,9 @@ mod ceiling {
     use tokio_postgres::types::ToSql;
 
     use super::Variant;
-    use super::support::{CLAIM, FINGERPRINT, HEADERS, INSERT_RECORD, LOOKUP, TRY_LOCK, Uuid};
+    use super::support::{
+        CLAIM, EXISTS, FINGERPRINT, HEADERS, INSERT_RECORD, LOOKUP, TRY_LOCK, Uuid,
+    };
 
     const LEASE_ACQUIRE: &str = "INSERT INTO idempotency_records AS r \
         (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, \
@@ -314,29 +334,31 @@ mod ceiling {
                 client.batch_execute("COMMIT").await.unwrap();
             }
             Variant::New => {
+                // The shipped shape: the look-up alone; [BEGIN, try-lock, the look-up under
+                // the lock, the handler's insert]; [record, COMMIT].
                 let id = Uuid::fresh();
-                let (lookup, try_lock, insert) = (
+                let (lookup, try_lock, exists, insert) = (
                     client.prepare_cached(LOOKUP).await.unwrap(),
                     client.prepare_cached(TRY_LOCK).await.unwrap(),
+                    client.prepare_cached(EXISTS).await.unwrap(),
                     client.prepare_cached(INSERT_RECORD).await.unwrap(),
                 );
                 client.query_opt(&lookup, &[&id]).await.unwrap();
                 let key = id.lock_key();
                 let lock_params: [&(dyn ToSql + Sync); 1] = [&key];
-                let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
-                let (begin, locked, found) = tokio::join!(
+                let id_params: [&(dyn ToSql + Sync); 1] = [&id];
+                let order_params: [&(dyn ToSql + Sync); 2] = [&user, &amount];
+                let (begin, locked, found, order) = tokio::join!(
                     biased;
                     client.batch_execute("BEGIN"),
                     client.query_one(&try_lock, &lock_params),
-                    client.query_opt(&lookup, &lookup_params),
+                    client.query_opt(&exists, &id_params),
+                    client.query_one(&insert_order, &order_params),
                 );
                 begin.unwrap();
                 locked.unwrap();
                 found.unwrap();
-                client
-                    .query_one(&insert_order, &[&user, &amount])
-                    .await
-                    .unwrap();
+                order.unwrap();
                 let fingerprint = FINGERPRINT;
                 let insert_params: [&(dyn ToSql + Sync); 4] = [&id, &fingerprint, &HEADERS, &body];
                 let (inserted, committed) = tokio::join!(
@@ -346,6 +368,17 @@ mod ceiling {
                 );
                 inserted.unwrap();
                 committed.unwrap();
+            }
+            Variant::BarePipelined => {
+                let order_params: [&(dyn ToSql + Sync); 2] = [&user, &amount];
+                let (begin, order) = tokio::join!(
+                    biased;
+                    client.batch_execute("BEGIN"),
+                    client.query_one(&insert_order, &order_params),
+                );
+                begin.unwrap();
+                order.unwrap();
+                client.batch_execute("COMMIT").await.unwrap();
             }
             Variant::SqlxNew => {
                 // One statement a round trip: the lookup, then the claim function after BEGIN.
@@ -481,6 +514,7 @@ impl Connection {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
     Bare,
+    BarePipelined,
     New,
     Replay,
     LeaseNew,
@@ -507,6 +541,7 @@ impl Variant {
             Self::SqlxNew => "sqlx-new",
             Self::SqlxReplay => "sqlx-replay",
             Self::Bare => "bare",
+            Self::BarePipelined => "bare-pipelined",
             Self::New => "new",
             Self::Replay => "replay",
             Self::LeaseNew => "lease-new",
@@ -638,6 +673,9 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
                     let status = match variant {
                         Variant::Bare | Variant::SqlxBare => {
                             connection.post("/bare", None, &body_for(n)).await
+                        }
+                        Variant::BarePipelined => {
+                            connection.post("/bare-pipelined", None, &body_for(n)).await
                         }
                         Variant::New | Variant::SqlxNew => {
                             connection
@@ -839,6 +877,7 @@ async fn main() {
 
     let mut variants = vec![
         Variant::Bare,
+        Variant::BarePipelined,
         Variant::New,
         Variant::Replay,
         Variant::LeaseNew,

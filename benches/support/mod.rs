@@ -23,6 +23,8 @@ pub(crate) const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(($1 # \
     ('idempotency_records'::regclass::oid::int8 << 32)))";
 pub(crate) const CLAIM: &str = "SELECT * FROM axum_idempotency_claim_v2($1, ($2 # \
     ('idempotency_records'::regclass::oid::int8 << 32)))";
+/// Whether the record exists: the look-up under the lock of the shipped claim.
+pub(crate) const EXISTS: &str = "SELECT 1 FROM idempotency_records WHERE id = $1";
 pub(crate) const INSERT_RECORD: &str = "INSERT INTO idempotency_records \
     (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, expires_at) \
     VALUES ($1, '', NULL, $2, 201, $3, $4, NULL, now() + make_interval(secs => 86400))";

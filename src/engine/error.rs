@@ -26,6 +26,12 @@ pub enum Error {
     /// The transaction this handle belonged to has already been committed or rolled back —
     /// typically a handle moved into a task that outlived its handler.
     TransactionEnded,
+    /// Another request with the same idempotency key is in flight or has just completed:
+    /// the key's lock, sent with the handler's first statement, was refused, or a record
+    /// committed before it was granted. The statement's result is withheld and its
+    /// transaction rolls back; the layer answers the request as that request's duplicate
+    /// (409 `in_flight`, or the stored response), whatever the handler returns.
+    DuplicateRequest,
     /// The handler tried to end, restart or split the shared transaction (`COMMIT`,
     /// `ROLLBACK`, `BEGIN`, `END`, `ABORT`, `PREPARE TRANSACTION`). The layer alone decides how the
     /// transaction ends.
@@ -167,6 +173,10 @@ impl fmt::Display for Error {
             Self::TransactionEnded => f.write_str(
                 "the idempotent transaction has already ended; \
                  an IdempotentTx must not outlive its handler",
+            ),
+            Self::DuplicateRequest => f.write_str(
+                "another request with this idempotency key is in flight or has completed; \
+                 this one is answered as its duplicate",
             ),
             Self::TransactionControl => f.write_str(
                 "transaction control statements are not allowed on an IdempotentTx; \

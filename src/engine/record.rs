@@ -191,9 +191,24 @@ pub enum CommitError {
     /// The primary key already holds a live record: a concurrent request won. The
     /// transaction has been rolled back.
     Conflict,
+    /// The key's lock, taken with the record's insert (a handler that sent no
+    /// statement), was held by another request: nothing was stored.
+    InFlight,
     /// The insert or the COMMIT failed — or its answer was lost, so the outcome is
     /// unknown: nothing stored, or committed and replayable.
     Failed(crate::engine::error::Error),
+}
+
+/// What the key's lock, sent with the handler's first statement by a driver that defers
+/// `BEGIN` to it, found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deferred {
+    /// Nothing deferred, or the lock was granted and the key is free: the handler runs.
+    Granted,
+    /// Another request holds the key: answered as an in-flight duplicate.
+    InFlight,
+    /// The lock was granted but a record committed before it: answered from that record.
+    Found,
 }
 
 /// What a lease claim found.

@@ -46,7 +46,6 @@ impl<C> SharedTx<C> {
     }
 
     /// Shared access, for a handle running a statement.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) async fn read(&self) -> RwLockReadGuard<'_, Option<C>> {
         self.slot.read().await
     }

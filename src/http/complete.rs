@@ -13,7 +13,7 @@ use tracing::Instrument;
 use std::time::Instant;
 
 use crate::engine::key::REPLAYED_HEADER;
-use crate::engine::record::{CommitError, Completion, Existing, encode_headers};
+use crate::engine::record::{CommitError, Completion, Deferred, Existing, encode_headers};
 use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::config::StoreDecision;
 use crate::http::rejection::{Rejection, RejectionKind};
@@ -53,11 +53,15 @@ impl<D: LeaseStore> RequestState<D> {
                 "the handler kept its transaction handle after returning; its work was rolled back",
             ));
         }
+        if let Some(answer) = self.answered_as_duplicate().await {
+            return answer;
+        }
         // `None` if the handler never claimed (it does not take an extractor, or the
         // extractor answered for it).
         let Some(mut conn) = self.tx.take().await else {
             return response.map(Body::new);
         };
+
         let decision = (self.config.store_policy)(response.status());
         if decision == StoreDecision::Discard {
             tracing::debug!(record = %self.id, status = %response.status(), "rolled back, not stored");
@@ -122,6 +126,12 @@ impl<D: LeaseStore> RequestState<D> {
                     Err(e) => self.unavailable(e),
                 }
             }
+            Err(CommitError::InFlight) => {
+                drop(conn);
+                tracing::debug!(record = %self.id, "in flight (the lock taken with the insert was held)");
+                telemetry::request(RequestOutcome::InFlight);
+                self.reject(self.in_flight(self.config.retry_after))
+            }
             Err(CommitError::Failed(e)) => {
                 tracing::error!(record = %self.id, error = %crate::engine::error::Chain(&e),
                     "commit failed or its outcome is unknown");
@@ -137,6 +147,31 @@ impl<D: LeaseStore> RequestState<D> {
                 )
             }
         }
+    }
+
+    /// The answer to a request whose handler's first statement found the key held by
+    /// another request, or its record committed: its transaction rolls back, and it is
+    /// answered as that request's duplicate, whatever the handler made of the refused
+    /// statement.
+    pub(crate) async fn answered_as_duplicate(&self) -> Option<Response> {
+        let deferred = self.tx.read().await.as_ref().map(D::deferred)?;
+        if deferred == Deferred::Granted {
+            return None;
+        }
+        if let Some(conn) = self.tx.take().await {
+            D::rollback(conn).await;
+        }
+        if deferred == Deferred::Found {
+            let found = self.config.store.lookup(self.id).await;
+            match found.map(|row| row.map(Existing::from).filter(|existing| !existing.expired)) {
+                Ok(Some(existing)) => return Some(self.answer_existing(existing).await),
+                Ok(None) => {}
+                Err(e) => return Some(self.unavailable(e)),
+            }
+        }
+        tracing::debug!(record = %self.id, "in flight (the lock sent with the first statement was held)");
+        telemetry::request(RequestOutcome::InFlight);
+        Some(self.reject(self.in_flight(self.config.retry_after)))
     }
 
     /// The response headers that are stored and replayed.

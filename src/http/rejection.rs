@@ -332,7 +332,14 @@ pub(crate) fn finalize(response: Response, handler: Option<&RejectionHandler>) -
 /// ```
 impl IntoResponse for crate::engine::error::Error {
     fn into_response(self) -> Response {
-        let rejection = if self.is_schema_missing() {
+        let rejection = if matches!(self, Self::DuplicateRequest) {
+            // The layer answers such a request itself; this is for a handler outside it.
+            Rejection::new(
+                RejectionKind::InFlight,
+                "another request with this Idempotency-Key is in flight; retry later",
+            )
+            .with_retry_after(1)
+        } else if self.is_schema_missing() {
             Rejection::new(
                 RejectionKind::SchemaMissing,
                 "the database schema is missing or outdated; run axum_idempotency::migrate",

@@ -242,6 +242,11 @@ where
             Outcome::Done(Err(e))
         }
         Ok(Err(panic)) => {
+            if let Some(answer) = state.answered_as_duplicate().await {
+                // The handler panicked on the refused statement of an in-flight duplicate.
+                state.release_redis_lock().await;
+                return Outcome::Done(Ok(answer));
+            }
             if state.abandon().await {
                 tracing::error!(record = %state.id, "handler panicked; rolled back");
                 Outcome::Done(Ok(state.reject(Rejection::new(

@@ -3,6 +3,7 @@
 //! the driver shares.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
@@ -13,7 +14,8 @@ use super::PgStore;
 use super::pool::PooledClient;
 use super::statement::{self, Db, Sql};
 use crate::engine::error::Error;
-use crate::engine::record::Backlog;
+use crate::engine::key::RecordId;
+use crate::engine::record::{Backlog, Deferred};
 use crate::store::sql;
 
 /// How long a background ROLLBACK may take before the connection is discarded instead.
@@ -26,19 +28,108 @@ const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(10);
 /// fails) the connection is [discarded](PooledClient::discard), so the server rolls back.
 pub struct TxConn {
     conn: Option<Box<dyn PooledClient>>,
-    in_transaction: bool,
+    in_transaction: AtomicBool,
     /// The store's prepared-statement setting, for statements run after the claim.
     prepared: bool,
+    /// The lazy claim ([`TxConn::lazy`]): whether `BEGIN` and the key's lock are still to
+    /// be sent, were sent with the first statement, or were refused.
+    begin: AtomicU8,
+    /// Serialises the first statements of a lazy transaction, so one of them carries the
+    /// `BEGIN` and the lock.
+    first: tokio::sync::Mutex<()>,
+    /// The record the lazy claim takes the lock of, and looks up, with the first statement.
+    id: Option<RecordId>,
 }
+
+/// [`TxConn::begin`]: a transaction the claim already began (and locked).
+const BEGUN: u8 = 0;
+/// [`TxConn::begin`]: no statement sent yet; the first one carries `BEGIN` and the lock.
+const LAZY: u8 = 1;
+/// [`TxConn::begin`]: the lock sent with the first statement was held by another request.
+const REFUSED: u8 = 2;
+/// [`TxConn::begin`]: the lock was granted, but the key's record committed before it.
+const FOUND: u8 = 3;
 
 impl TxConn {
     /// Wraps a connection that is about to begin a transaction.
     pub(crate) fn new(conn: Box<dyn PooledClient>, prepared: bool) -> Self {
+        Self::with_state(conn, prepared, BEGUN, None, true)
+    }
+
+    /// Wraps a connection outside any transaction, for a key the claim found free: its
+    /// `BEGIN` and the key's lock attempt leave in one pipeline with the handler's first
+    /// statement (or, when the handler sends none, with the record's insert and `COMMIT`).
+    pub(crate) fn lazy(conn: Box<dyn PooledClient>, prepared: bool, id: RecordId) -> Self {
+        Self::with_state(conn, prepared, LAZY, Some(id), false)
+    }
+
+    fn with_state(
+        conn: Box<dyn PooledClient>,
+        prepared: bool,
+        begin: u8,
+        id: Option<RecordId>,
+        in_transaction: bool,
+    ) -> Self {
         Self {
             conn: Some(conn),
-            in_transaction: true,
+            in_transaction: AtomicBool::new(in_transaction),
             prepared,
+            begin: AtomicU8::new(begin),
+            first: tokio::sync::Mutex::new(()),
+            id,
         }
+    }
+
+    /// Whether no statement has been sent yet on a lazy claim's connection.
+    pub(crate) fn is_lazy(&self) -> bool {
+        self.begin.load(Ordering::Acquire) == LAZY
+    }
+
+    /// What the lock sent with the first statement found.
+    pub(crate) fn deferred(&self) -> Deferred {
+        match self.begin.load(Ordering::Acquire) {
+            REFUSED => Deferred::InFlight,
+            FOUND => Deferred::Found,
+            _ => Deferred::Granted,
+        }
+    }
+
+    /// The lazy claim's record.
+    pub(crate) fn record_id(&self) -> RecordId {
+        self.id.expect("a lazy claim's connection knows its record")
+    }
+
+    /// The lazy claim's lock key.
+    pub(crate) fn lock_key(&self) -> i64 {
+        self.record_id().lock_key()
+    }
+
+    /// Serialises a lazy transaction's first statements; `None` once it has begun (or was
+    /// refused), when no serialising is needed.
+    pub(crate) async fn first_statement(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        if !self.is_lazy() {
+            return None;
+        }
+        let guard = self.first.lock().await;
+        self.is_lazy().then_some(guard)
+    }
+
+    /// Marks the connection as inside a transaction before a pipeline that begins one is
+    /// sent: if that pipeline's future is dropped midway, the connection still rolls back
+    /// before it goes back to the pool.
+    pub(crate) fn beginning(&self) {
+        self.in_transaction.store(true, Ordering::Release);
+    }
+
+    /// Records what the pipeline that carried `BEGIN`, the lock and the look-up found:
+    /// the transaction is open either way (a refused one rolls back like any other).
+    pub(crate) fn begun(&self, locked: bool, found: bool) {
+        let state = match (locked, found) {
+            (false, _) => REFUSED,
+            (true, true) => FOUND,
+            (true, false) => BEGUN,
+        };
+        self.begin.store(state, Ordering::Release);
     }
 
     pub(crate) fn prepared(&self) -> bool {
@@ -57,7 +148,7 @@ impl TxConn {
     /// Marks the transaction as ended (committed or rolled back by the server); the
     /// connection may go back to the pool.
     pub(crate) fn mark_ended(&mut self) {
-        self.in_transaction = false;
+        *self.in_transaction.get_mut() = false;
     }
 
     /// Rolls back and returns the connection to the pool, waiting for the ROLLBACK.
@@ -65,13 +156,17 @@ impl TxConn {
         let Some(conn) = self.conn.take() else {
             return;
         };
+        if !*self.in_transaction.get_mut() {
+            // A lazy claim that never began: the connection is clean.
+            return;
+        }
         rollback_or_discard(DiscardOnDrop(Some(conn))).await;
     }
 }
 
 impl Drop for TxConn {
     fn drop(&mut self) {
-        if !self.in_transaction {
+        if !*self.in_transaction.get_mut() {
             return;
         }
         let Some(conn) = self.conn.take() else {
@@ -91,6 +186,7 @@ impl fmt::Debug for TxConn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TxConn")
             .field("in_transaction", &self.in_transaction)
+            .field("begin", &self.begin)
             .finish_non_exhaustive()
     }
 }

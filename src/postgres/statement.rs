@@ -52,6 +52,25 @@ pub(crate) const INSERT: Sql = Sql {
         Type::FLOAT8,
     ],
 };
+pub(crate) const EXISTS: Sql = Sql {
+    text: sql::EXISTS,
+    types: &[Type::UUID],
+};
+pub(crate) const INSERT_IF_LOCKED: Sql = Sql {
+    text: sql::INSERT_IF_LOCKED,
+    types: &[
+        Type::UUID,
+        Type::TEXT,
+        Type::TEXT,
+        Type::BYTEA,
+        Type::INT2,
+        Type::BYTEA,
+        Type::BYTEA,
+        Type::INT2,
+        Type::FLOAT8,
+        Type::INT8,
+    ],
+};
 pub(crate) const LEASE_ACQUIRE: Sql = Sql {
     text: sql::LEASE_ACQUIRE,
     types: &[
@@ -194,6 +213,8 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
     &LOOKUP,
     &DELETE_REPLACEABLE,
     &INSERT,
+    &INSERT_IF_LOCKED,
+    &EXISTS,
     &LEASE_ACQUIRE,
     &LEASE_COMPLETE,
     &INBOX_LOOKUP,

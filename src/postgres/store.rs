@@ -14,7 +14,7 @@ use super::tx::PgTx;
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
+use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord, RecordRow};
 use crate::engine::shared_tx::SharedTx;
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows, sql};
@@ -66,34 +66,40 @@ impl Store for PgStore {
         }
     }
 
-    /// By default, first a lookup outside any transaction (a replay, a 422 or a 409 for a
-    /// leased key needs nothing more), then `BEGIN`, the lock attempt and the lookup again,
-    /// pipelined in one round trip: the second lookup is a statement of its own after the
-    /// lock, so its READ COMMITTED snapshot sees whatever the previous holder committed.
-    /// With `wait`, the lock is awaited (bounded by a transaction-local `lock_timeout`,
-    /// reset before the handler runs) instead of tried.
+    /// By default, first a lookup outside any transaction: a replay, a 422 or a 409 for a
+    /// leased key needs nothing more. A key with no record is claimed lazily: nothing more
+    /// is sent now, and `BEGIN` with the key's lock attempt leaves in one pipeline with the
+    /// handler's first statement (see [`TxConn::lazy`]); a twin that commits in between is
+    /// caught by the record's primary key at the insert. A key whose record may be
+    /// replaced (expired, abandoned, failed retryably) is claimed eagerly: `BEGIN`, the lock
+    /// attempt and the lookup again, pipelined in one round trip, the lookup a statement of
+    /// its own after the lock, so its READ COMMITTED snapshot sees whatever the previous
+    /// holder committed. With `wait`, the lock is awaited (bounded by a transaction-local
+    /// `lock_timeout`, reset before the handler runs) instead of tried.
     async fn claim(
         &self,
         id: RecordId,
         fingerprint: Fingerprint,
         wait: Option<Duration>,
     ) -> Result<(Claim, TxConn), Error> {
-        let mut conn = TxConn::new(self.checkout().await?, self.prepared);
-        let db = self.db(conn.pooled());
-        let client = db.client();
         let lock_key = id.lock_key();
-        let lookup = db.prepare(&statement::LOOKUP).await?;
-        let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
         let Some(wait) = wait else {
+            let conn = TxConn::lazy(self.checkout().await?, self.prepared, id);
+            let db = self.db(conn.pooled());
+            let lookup = db.prepare(&statement::LOOKUP).await?;
+            let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
             let peeked = db.query_opt(&lookup, &lookup_params).await?;
-            let peeked = peeked.map(|row| rows::record_row(&row, 9)).transpose()?;
-            if let Some(claim) = Claim::from_peek(peeked) {
+            let Some(peeked) = peeked.map(|row| rows::record_row(&row, 9)).transpose()? else {
+                return Ok((Claim::Run { replaces: false }, conn));
+            };
+            if let Some(claim) = Claim::from_peek(Some(peeked)) {
                 // Outside any transaction: the connection is clean.
-                conn.mark_ended();
                 return Ok((claim, conn));
             }
             let try_lock = db.prepare(&statement::TRY_LOCK).await?;
             let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+            conn.beginning();
+            let client = db.client();
             let (begin, locked, found) = tokio::join!(
                 biased;
                 client.batch_execute("BEGIN"),
@@ -102,9 +108,13 @@ impl Store for PgStore {
             );
             begin?;
             let locked: bool = locked?.try_get(0)?;
+            conn.begun(true, false);
             let found = found?.map(|row| rows::record_row(&row, 9)).transpose()?;
             return Ok((Claim::decide(locked, found, fingerprint), conn));
         };
+        let conn = TxConn::new(self.checkout().await?, self.prepared);
+        let db = self.db(conn.pooled());
+        let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
         let Some(found) =
             begin_wait_and_look_up(db, lock_key, wait, &statement::LOOKUP, &lookup_params, None)
                 .await?
@@ -124,6 +134,12 @@ impl Store for PgStore {
         record: &NewRecord<'_>,
         completion: Completion,
     ) -> Result<(), CommitError> {
+        if conn.deferred() != Deferred::Granted {
+            return Err(CommitError::InFlight);
+        }
+        if conn.is_lazy() {
+            return commit_lazy(conn, record).await;
+        }
         let prepared = conn.prepared();
         let db = Db::new(conn.pooled(), prepared);
         let client = db.client();
@@ -219,6 +235,10 @@ impl Store for PgStore {
         conn.rollback().await;
     }
 
+    fn deferred(conn: &TxConn) -> Deferred {
+        conn.deferred()
+    }
+
     async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
         let conn = self.checkout().await?;
         let db = self.db(&*conn);
@@ -242,4 +262,57 @@ impl Store for PgStore {
     fn tx_mut(handle: &mut PgTx) -> &mut PgTx {
         handle
     }
+}
+
+/// The completion of a lazy claim whose handler sent no statement: `BEGIN`, the record's
+/// insert with the key's lock attempt in the same statement, and `COMMIT`, in one round
+/// trip. A key another request holds inserts nothing; a record a twin committed meanwhile
+/// meets the primary key.
+async fn commit_lazy(conn: &mut TxConn, record: &NewRecord<'_>) -> Result<(), CommitError> {
+    let failed = |e| CommitError::Failed(Error::Postgres(e));
+    let db = Db::new(conn.pooled(), conn.prepared());
+    let insert = db
+        .prepare(&statement::INSERT_IF_LOCKED)
+        .await
+        .map_err(failed)?;
+    let lock_key = record.id.lock_key();
+    let status = record.status.as_u16() as i16;
+    let ttl = record.ttl.as_secs_f64();
+    let fingerprint = &record.fingerprint.0[..];
+    let body = &*record.body.bytes;
+    let params: [&(dyn ToSql + Sync); 10] = [
+        &record.id,
+        &record.scope,
+        &record.raw_key,
+        &fingerprint,
+        &status,
+        &record.headers,
+        &body,
+        &record.body.key_id,
+        &ttl,
+        &lock_key,
+    ];
+    conn.beginning();
+    let client = db.client();
+    let (begun, inserted, committed) = tokio::join!(
+        biased;
+        client.batch_execute("BEGIN"),
+        db.execute(&insert, &params),
+        client.batch_execute("COMMIT"),
+    );
+    begun.map_err(failed)?;
+    let inserted = match inserted {
+        Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+            // The COMMIT after the failed insert was a ROLLBACK.
+            conn.mark_ended();
+            return Err(CommitError::Conflict);
+        }
+        inserted => inserted.map_err(failed)?,
+    };
+    committed.map_err(failed)?;
+    conn.mark_ended();
+    if inserted == 0 {
+        return Err(CommitError::InFlight);
+    }
+    Ok(())
 }

@@ -3,10 +3,12 @@
 use std::fmt;
 
 use tokio_postgres::types::{BorrowToSql, ToSql};
-use tokio_postgres::{Client, RowStream, Statement, ToStatement};
+use tokio_postgres::{RowStream, Statement, ToStatement};
 
 use super::conn::TxConn;
+use super::statement::{self, Db};
 use crate::engine::error::Error;
+use crate::engine::record::Deferred;
 use crate::engine::shared_tx::HandleToken;
 
 /// What [`IdempotentTx`](super::IdempotentTx) derefs to on tokio-postgres: the
@@ -22,17 +24,26 @@ impl PgTx {
         Self { token }
     }
 
+    /// Runs `f` on the transaction's connection. The first statement of a lazy claim
+    /// leaves in one pipeline with `BEGIN`, the key's lock attempt and the record's
+    /// look-up after it, and its result is given only once the lock was granted on a key
+    /// still free: otherwise it answers [`Error::DuplicateRequest`], and the layer answers
+    /// the request as the other request's duplicate.
     async fn with_client<T, F>(&self, sql: Option<&str>, f: F) -> Result<T, Error>
     where
-        F: AsyncFnOnce(&Client) -> Result<T, tokio_postgres::Error>,
+        F: AsyncFnOnce(&TxConn) -> Result<T, tokio_postgres::Error>,
     {
         if sql.is_some_and(is_transaction_control) {
             return Err(Error::TransactionControl);
         }
         let slot = self.token.shared().read().await;
-        match slot.as_ref() {
-            Some(conn) => f(conn.client()).await.map_err(Error::Postgres),
-            None => Err(Error::TransactionEnded),
+        let Some(conn) = slot.as_ref() else {
+            return Err(Error::TransactionEnded);
+        };
+        match conn.first_statement().await {
+            Some(_first) => begin_with(conn, f).await,
+            None if conn.deferred() != Deferred::Granted => Err(Error::DuplicateRequest),
+            None => f(conn).await.map_err(Error::Postgres),
         }
     }
 
@@ -45,8 +56,10 @@ impl PgTx {
     where
         T: ?Sized + TxStatement,
     {
-        self.with_client(statement.sql(), async |c| c.query(statement, params).await)
-            .await
+        self.with_client(statement.sql(), async |c| {
+            c.client().query(statement, params).await
+        })
+        .await
     }
 
     /// Runs a statement that returns exactly one row. See
@@ -60,7 +73,7 @@ impl PgTx {
         T: ?Sized + TxStatement,
     {
         self.with_client(statement.sql(), async |c| {
-            c.query_one(statement, params).await
+            c.client().query_one(statement, params).await
         })
         .await
     }
@@ -76,7 +89,7 @@ impl PgTx {
         T: ?Sized + TxStatement,
     {
         self.with_client(statement.sql(), async |c| {
-            c.query_opt(statement, params).await
+            c.client().query_opt(statement, params).await
         })
         .await
     }
@@ -92,7 +105,7 @@ impl PgTx {
         T: ?Sized + TxStatement,
     {
         self.with_client(statement.sql(), async |c| {
-            c.execute(statement, params).await
+            c.client().execute(statement, params).await
         })
         .await
     }
@@ -108,7 +121,7 @@ impl PgTx {
         I::IntoIter: ExactSizeIterator,
     {
         self.with_client(statement.sql(), async |c| {
-            c.query_raw(statement, params).await
+            c.client().query_raw(statement, params).await
         })
         .await
     }
@@ -123,14 +136,13 @@ impl PgTx {
         &self,
         message: &crate::engine::outbox::OutboxMessage,
     ) -> Result<crate::engine::outbox::Enqueued, Error> {
-        let slot = self.token.shared().read().await;
-        let Some(conn) = slot.as_ref() else {
-            return Err(Error::TransactionEnded);
-        };
-        let db = super::statement::Db::new(conn.pooled(), conn.prepared());
-        let statement = db.prepare(&super::statement::OUTBOX_ENQUEUE).await?;
-        let row = db
-            .query_opt(&statement, &super::outbox::enqueue_params(message))
+        let row = self
+            .with_client(None, async |conn| {
+                let db = super::statement::Db::new(conn.pooled(), conn.prepared());
+                let statement = db.prepare(&super::statement::OUTBOX_ENQUEUE).await?;
+                db.query_opt(&statement, &super::outbox::enqueue_params(message))
+                    .await
+            })
             .await?;
         super::outbox::enqueued(message, row)
     }
@@ -159,6 +171,38 @@ impl PgTx {
         };
         prepared.map_err(Error::Postgres)
     }
+}
+
+/// The first statement of a lazy claim: `BEGIN`, the key's lock attempt, the record's
+/// look-up (a statement of its own after the lock, so its snapshot sees what a twin
+/// committed before the lock was granted) and the statement, pipelined in one round trip.
+async fn begin_with<T, F>(conn: &TxConn, f: F) -> Result<T, Error>
+where
+    F: AsyncFnOnce(&TxConn) -> Result<T, tokio_postgres::Error>,
+{
+    let db = Db::new(conn.pooled(), conn.prepared());
+    let try_lock = db.prepare(&statement::TRY_LOCK).await?;
+    let exists = db.prepare(&statement::EXISTS).await?;
+    let lock_key = conn.lock_key();
+    let id = conn.record_id();
+    let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
+    let exists_params: [&(dyn ToSql + Sync); 1] = [&id];
+    conn.beginning();
+    let (begun, locked, found, result) = tokio::join!(
+        biased;
+        db.client().batch_execute("BEGIN"),
+        db.query_one(&try_lock, &lock_params),
+        db.query_opt(&exists, &exists_params),
+        f(conn),
+    );
+    begun?;
+    let locked: bool = locked?.try_get(0)?;
+    let found = found?.is_some();
+    conn.begun(locked, found);
+    if !locked || found {
+        return Err(Error::DuplicateRequest);
+    }
+    result.map_err(Error::Postgres)
 }
 
 impl fmt::Debug for PgTx {

@@ -31,7 +31,7 @@ use std::time::Duration;
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
+use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord, RecordRow};
 use crate::engine::shared_tx::SharedTx;
 
 /// A database driver the crate's components run on: `PgStore` (feature `postgres`:
@@ -83,6 +83,13 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
         record: &NewRecord<'_>,
         completion: Completion,
     ) -> impl Future<Output = Result<(), CommitError>> + Send;
+
+    /// What the key's lock found when the driver deferred it to the handler's first
+    /// statement.
+    #[doc(hidden)]
+    fn deferred(_conn: &Self::Conn) -> Deferred {
+        Deferred::Granted
+    }
 
     /// Rolls back and waits until the connection is clean (or discarded).
     #[doc(hidden)]

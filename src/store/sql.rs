@@ -56,6 +56,23 @@ pub(crate) const DELETE_REPLACEABLE: &str = "DELETE FROM idempotency_records WHE
 pub(crate) const INSERT: &str = "INSERT INTO idempotency_records \
     (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, expires_at) \
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9))";
+/// Whether the record exists, live or not (a lazy claim's look-up under the lock; any
+/// record, even an expired one, makes the request take the eager claim on its retry).
+/// `$1` record id.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const EXISTS: &str = "SELECT 1 FROM idempotency_records WHERE id = $1";
+/// [`INSERT`], for a lazy claim whose handler sent no statement: the key's lock is tried
+/// in the same statement (`$10`, the lock key), so a key another request holds inserts
+/// nothing. The row's primary key still refuses a record a twin committed.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) const INSERT_IF_LOCKED: &str = concat!(
+    "INSERT INTO idempotency_records \
+     (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, expires_at) \
+     SELECT $1, $2, $3, $4, $5, $6, $7, $8, now() + make_interval(secs => $9) \
+     WHERE pg_try_advisory_xact_lock(",
+    lock_key!("$10"),
+    ")"
+);
 
 /// Lease mode: take the key by committing a PROCESSING record, or take over one whose
 /// holder's lease ran out (or that failed retryably), with a higher fencing token. `$1` id,

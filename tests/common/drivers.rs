@@ -145,6 +145,9 @@ pub trait Driver: Send + Sync + 'static {
     /// Whether the record's INSERT and the COMMIT leave in one round trip, so a future
     /// dropped while the INSERT waits still commits.
     const PIPELINED: bool;
+    /// Whether the claim of a free key defers `BEGIN` and the key's lock to the handler's
+    /// first statement (tokio-postgres), rather than take them before the handler runs.
+    const LAZY: bool;
     /// Whether the handle sees the SQL it runs (refusing COMMIT and friends) and is cut off
     /// from the transaction once the handler returned.
     const GUARDED: bool;
@@ -164,6 +167,7 @@ impl Driver for Deadpool {
     type Pool = deadpool_postgres::Pool;
     type Store = axum_idempotency::postgres::PgStore;
     const PIPELINED: bool = true;
+    const LAZY: bool = true;
     const GUARDED: bool = true;
 
     fn pool(db: &TestDb) -> Self::Pool {
@@ -188,6 +192,7 @@ impl Driver for Bb8 {
     type Pool = bb8::Pool<bb8_postgres::PostgresConnectionManager<tokio_postgres::NoTls>>;
     type Store = axum_idempotency::postgres::PgStore;
     const PIPELINED: bool = true;
+    const LAZY: bool = true;
     const GUARDED: bool = true;
 
     fn pool(db: &TestDb) -> Self::Pool {
@@ -221,6 +226,7 @@ impl Driver for Sqlx {
     type Pool = sqlx::PgPool;
     type Store = axum_idempotency::sqlx::SqlxStore;
     const PIPELINED: bool = false;
+    const LAZY: bool = false;
     const GUARDED: bool = false;
 
     fn pool(db: &TestDb) -> Self::Pool {
