@@ -46,6 +46,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::Type;
 use tower_http::trace::TraceLayer;
 
+#[path = "support/errors.rs"]
+mod errors;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -102,14 +104,7 @@ impl IntoResponse for AppError {
                 "unknown_order",
                 "no order with this number".to_owned(),
             ),
-            Self::Database(e) => {
-                eprintln!("database error: {e}: {:?}", std::error::Error::source(&e));
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "database_unavailable",
-                    "the database is unavailable; retry later".to_owned(),
-                )
-            }
+            Self::Database(e) => errors::database_problem(&e),
         };
         let body = serde_json::json!({
             "type": "about:blank",

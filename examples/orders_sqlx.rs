@@ -28,6 +28,8 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tower_http::trace::TraceLayer;
 
+#[path = "support/errors.rs"]
+mod errors;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -81,14 +83,7 @@ impl IntoResponse for AppError {
                 "no order with this number".to_owned(),
             ),
             Self::Idempotency(e) => return e.into_response(),
-            Self::Database(e) => {
-                eprintln!("database error: {e}");
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "database_unavailable",
-                    "the database is unavailable; retry later".to_owned(),
-                )
-            }
+            Self::Database(e) => errors::database_problem(&e.into()),
         };
         let body = serde_json::json!({
             "type": "about:blank",

@@ -255,7 +255,106 @@ async fn the_record_insert_refused_by_the_key_is_answered_from_the_twin<D: Drive
     db.assert_settles().await;
 }
 
+/// A handler whose first statement updates one row, waiting at the gate afterwards when
+/// `x-wait` is set.
+async fn bump<S: TestStore>(
+    State(gate): State<Gate>,
+    headers: HeaderMap,
+    mut tx: IdempotentTx<S>,
+) -> StatusCode {
+    if tx
+        .run("UPDATE counters SET n = n + 1 WHERE id = 1")
+        .await
+        .is_err()
+    {
+        return StatusCode::INTERNAL_SERVER_ERROR;
+    }
+    if headers.contains_key("x-wait") {
+        gate.arrived.add_permits(1);
+        gate.open.acquire().await.unwrap().forget();
+    }
+    StatusCode::OK
+}
+
+/// A duplicate whose first statement needs a row its in-flight twin has locked: with the
+/// key's lock in the same pipeline, the statement waits for that row before the pipeline
+/// answers, so the duplicate is answered 409 only once the twin ends. A driver that locks
+/// the key before the handler runs answers it at once.
+async fn a_first_statement_that_waits_on_its_twins_row_answers_when_the_twin_ends<D: Driver>() {
+    let db = TestDb::new(4).await;
+    db.admin
+        .batch_execute(&format!(
+            "CREATE TABLE {0}.counters (id int PRIMARY KEY, n int NOT NULL); \
+             INSERT INTO {0}.counters VALUES (1, 0)",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    let gate = Gate {
+        open: Arc::new(Semaphore::new(0)),
+        arrived: Arc::new(Semaphore::new(0)),
+    };
+    let app = Router::new()
+        .route("/bump", post(bump::<D::Store>))
+        .layer(IdempotencyLayer::new(D::pool(&db)))
+        .with_state(gate.clone());
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let mut request = post_json("/bump", Some("row-1"), &json!({}));
+            request.headers_mut().insert("x-wait", "1".parse().unwrap());
+            send(&app, request).await
+        }
+    });
+    gate.arrived.acquire().await.unwrap().forget();
+    let started = std::time::Instant::now();
+    let duplicate = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, post_json("/bump", Some("row-1"), &json!({}))).await }
+    });
+    if D::LAZY {
+        // The duplicate's pipeline waits on the row the twin updated.
+        eventually("the duplicate to wait on the twin's row lock", async || {
+            db.admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&db.schema],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        })
+        .await;
+        assert!(
+            !duplicate.is_finished(),
+            "answered while the twin holds its row"
+        );
+        gate.open.add_permits(1);
+        assert_eq!(first.await.unwrap().status, StatusCode::OK);
+        let duplicate = duplicate.await.unwrap();
+        eprintln!(
+            "a duplicate waiting on its twin's row answered after {:?}",
+            started.elapsed()
+        );
+        assert_eq!(duplicate.status, StatusCode::CONFLICT);
+        assert_eq!(duplicate.problem_code(), "in_flight");
+    } else {
+        let duplicate = duplicate.await.unwrap();
+        assert_eq!(duplicate.status, StatusCode::CONFLICT);
+        gate.open.add_permits(1);
+        assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(db.scalar("SELECT n::int8 FROM counters").await, 1);
+    let retry = send(&app, post_json("/bump", Some("row-1"), &json!({}))).await;
+    assert!(retry.replayed());
+    db.assert_settles().await;
+}
+
 for_each_driver! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async a_first_statement_that_waits_on_its_twins_row_answers_when_the_twin_ends;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async a_first_statement_that_meets_a_held_key_is_answered_409;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

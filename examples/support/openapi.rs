@@ -82,6 +82,12 @@ fn document() -> utoipa::openapi::OpenApi {
             "database_unavailable",
         )
     };
+    let failed = || {
+        problem(
+            "A statement failed in the database; its work was rolled back.",
+            "database_error",
+        )
+    };
     let order_no = || {
         ParameterBuilder::new()
             .name("order_no")
@@ -120,6 +126,7 @@ fn document() -> utoipa::openapi::OpenApi {
             "422",
             problem("The amount is not positive.", "invalid_amount"),
         )
+        .response("500", failed())
         .response("503", unavailable());
     let pay_order = OperationBuilder::new()
         .operation_id(Some("pay_order"))
@@ -148,6 +155,7 @@ fn document() -> utoipa::openapi::OpenApi {
             "404",
             problem("No order with this number.", "unknown_order"),
         )
+        .response("500", failed())
         .response("503", unavailable());
     let get_order = OperationBuilder::new()
         .operation_id(Some("get_order"))

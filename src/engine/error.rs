@@ -45,6 +45,12 @@ pub enum Error {
         /// The version this build needs.
         needed: i32,
     },
+    /// One of the crate's own statements named a table, function or column that does not
+    /// exist (SQLSTATE 42P01, 42883, 42703): the schema was never migrated, or is older
+    /// than this version needs. Run [`migrate`](crate::migrate). The driver's error is the
+    /// source. (The same codes from a handler's own statement are that statement's
+    /// failure, not this.)
+    SchemaMissing(Box<Error>),
     /// The database holds a schema version this build of the crate does not know.
     UnknownSchemaVersion {
         /// Highest version found in the database.
@@ -87,6 +93,27 @@ impl Error {
             || self
                 .sql_state()
                 .is_some_and(|code| matches!(code, "42P01" | "42883" | "42703"))
+    }
+
+    /// Whether this is the crate's own schema missing or outdated, as opposed to a
+    /// handler's statement naming an object of its own that does not exist.
+    pub(crate) fn is_crate_schema_missing(&self) -> bool {
+        matches!(
+            self,
+            Self::SchemaOutdated { .. }
+                | Self::UnknownSchemaVersion { .. }
+                | Self::SchemaMissing(_)
+        )
+    }
+
+    /// Marks an error of one of the crate's own statements, run on a caller's transaction
+    /// (the outbox's enqueue): a missing object there is the crate's schema.
+    pub(crate) fn of_crate_statement(self) -> Self {
+        if self.is_schema_missing() && !self.is_crate_schema_missing() {
+            Self::SchemaMissing(Box::new(self))
+        } else {
+            self
+        }
     }
 
     /// Whether a retry may succeed: no pooled connection, a connection lost or refused, the
@@ -152,13 +179,18 @@ pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut written = self.0.to_string();
         let mut source = self.0.source();
         while let Some(error) = source {
-            write!(f, ": {error}")?;
+            // A driver error that repeats its source's text (sqlx's does) is said once.
+            let text = error.to_string();
+            if !written.contains(&text) {
+                written.push_str(": ");
+                written.push_str(&text);
+            }
             source = error.source();
         }
-        Ok(())
+        f.write_str(&written)
     }
 }
 
@@ -187,6 +219,10 @@ impl fmt::Display for Error {
                 "the database schema is at version {found}, older than the {needed} this \
                  version of axum-idempotency needs; run axum_idempotency::migrate"
             ),
+            Self::SchemaMissing(_) => f.write_str(
+                "a table, function or column of axum-idempotency is missing; \
+                 run axum_idempotency::migrate",
+            ),
             Self::UnknownSchemaVersion { found, known } => write!(
                 f,
                 "the database schema is at version {found}, \
@@ -207,6 +243,7 @@ impl std::error::Error for Error {
             Self::Postgres(e) => Some(e),
             #[cfg(feature = "sqlx")]
             Self::Sqlx(e) => Some(e),
+            Self::SchemaMissing(e) => Some(&**e),
             Self::InvalidKey(e) => Some(e),
             Self::InvalidMessage(e) => Some(e),
             Self::Encryption(e) => Some(e),

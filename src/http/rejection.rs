@@ -9,6 +9,8 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
+use crate::engine::error::Chain;
+
 /// What went wrong, in a form a program can branch on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -316,7 +318,9 @@ pub(crate) fn finalize(response: Response, handler: Option<&RejectionHandler>) -
 /// A handler may return `Result<_, axum_idempotency::Error>`: the error answers as a
 /// problem document. Not reaching the database (no pooled connection, a lost connection,
 /// a serialization failure or deadlock, the server shutting down) is 503 `store_unavailable`
-/// with `Retry-After: 1`; a schema never migrated is 500 `schema_missing`; anything else 500
+/// with `Retry-After: 1`; the crate's own schema never migrated is 500 `schema_missing`
+/// (a handler's statement that names a table or column of its own that does not exist is
+/// that statement's failure: 500 `database_error`); anything else 500
 /// `database_error`. Either way the layer rolls the work back and stores nothing, so the
 /// client's retry runs again. The body never carries the database's message.
 ///
@@ -339,18 +343,21 @@ impl IntoResponse for crate::engine::error::Error {
                 "another request with this Idempotency-Key is in flight; retry later",
             )
             .with_retry_after(1)
-        } else if self.is_schema_missing() {
+        } else if self.is_crate_schema_missing() {
+            tracing::error!(error = %Chain(&self), "the idempotency schema is missing");
             Rejection::new(
                 RejectionKind::SchemaMissing,
                 "the database schema is missing or outdated; run axum_idempotency::migrate",
             )
         } else if self.is_transient() {
+            tracing::warn!(error = %Chain(&self), "a handler's statement could not reach the database");
             Rejection::new(
                 RejectionKind::StoreUnavailable,
                 "the database is unavailable; retry later",
             )
             .with_retry_after(1)
         } else {
+            tracing::error!(error = %Chain(&self), "a handler's statement failed");
             Rejection::new(
                 RejectionKind::DatabaseError,
                 "the request failed in the database; its work was rolled back",

@@ -53,7 +53,10 @@ where
         .copied()
         .zip(OUTBOX_ENQUEUE.types.iter().cloned())
         .collect();
-    let row = client.query_typed_opt(OUTBOX_ENQUEUE.text, &typed).await?;
+    let row = client
+        .query_typed_opt(OUTBOX_ENQUEUE.text, &typed)
+        .await
+        .map_err(|e| Error::from(e).of_crate_statement())?;
     enqueued(message, row)
 }
 

@@ -107,7 +107,9 @@ pub async fn enqueue<'c, E>(
 where
     E: ::sqlx::Executor<'c, Database = ::sqlx::Postgres>,
 {
-    outbox::enqueue(executor, message, true).await
+    outbox::enqueue(executor, message, true)
+        .await
+        .map_err(crate::engine::error::Error::of_crate_statement)
 }
 
 impl IntoStore for PgPool {

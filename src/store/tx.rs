@@ -113,7 +113,9 @@ impl<D: OutboxStore> IdempotentTx<D> {
     /// ```
     pub async fn enqueue(&mut self, message: &OutboxMessage) -> Result<Enqueued, Error> {
         message.check().map_err(Error::InvalidMessage)?;
-        D::enqueue(&mut self.handle, message).await
+        D::enqueue(&mut self.handle, message)
+            .await
+            .map_err(Error::of_crate_statement)
     }
 }
 
