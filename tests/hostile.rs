@@ -246,8 +246,9 @@ async fn hot_order(
     tx: IdempotentTx,
     Json(body): Json<Value>,
 ) -> (StatusCode, Json<Value>) {
-    hot.calls.fetch_add(1, Ordering::SeqCst);
     let user = body["user_id"].as_i64().unwrap_or(1);
+    // An in-flight duplicate's first statement is refused (the key's lock leaves with it):
+    // `calls` counts the handlers that got past it.
     let row = tx
         .query_one(
             "INSERT INTO orders (user_id, amount) VALUES ($1, 1) RETURNING id",
@@ -255,6 +256,7 @@ async fn hot_order(
         )
         .await
         .expect("insert order");
+    hot.calls.fetch_add(1, Ordering::SeqCst);
     let id: i64 = row.get(0);
     if body["gated"].as_bool() == Some(true) {
         hot.inserted.add_permits(1);

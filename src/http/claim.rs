@@ -50,6 +50,16 @@ impl<D: LeaseStore> RequestState<D> {
             return D::handle(&self.tx).ok_or_else(held);
         }
         self.first_claim().map_err(|r| self.reject(r))?;
+        if self.key.is_none() {
+            // No key, and none required: a plain transaction, nothing to look up.
+            let conn = self.config.store.begin().await.map_err(|e| {
+                tracing::warn!(error = %crate::engine::error::Chain(&e), "could not begin a transaction");
+                self.unavailable(e)
+            })?;
+            *slot = Some(conn);
+            drop(slot);
+            return D::handle(&self.tx).ok_or_else(held);
+        }
         if let Some(answer) = self.answer_from_cache() {
             return Err(answer);
         }

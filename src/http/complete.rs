@@ -63,6 +63,9 @@ impl<D: LeaseStore> RequestState<D> {
         };
 
         let decision = (self.config.store_policy)(response.status());
+        if self.key.is_none() {
+            return self.finish_unkeyed(conn, decision, response).await;
+        }
         if decision == StoreDecision::Discard {
             tracing::debug!(record = %self.id, status = %response.status(), "rolled back, not stored");
             D::rollback(conn).await;
@@ -141,6 +144,39 @@ impl<D: LeaseStore> RequestState<D> {
                     Rejection::new(
                         RejectionKind::CommitFailed,
                         "the work could not be committed, or its commit was not confirmed; retry the request",
+                    )
+                    .with_retry_after(self.config.retry_after)
+                    .with_source(e),
+                )
+            }
+        }
+    }
+
+    /// A request without a key on a layer that does not require one: the handler's writes
+    /// commit when the store policy would commit them, and nothing is recorded.
+    async fn finish_unkeyed<B>(
+        &self,
+        mut conn: D::Conn,
+        decision: StoreDecision,
+        response: Response<B>,
+    ) -> Response
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<axum::BoxError>,
+    {
+        if decision != StoreDecision::Commit {
+            D::rollback(conn).await;
+            return response.map(Body::new);
+        }
+        match D::commit_plain(&mut conn).await {
+            Ok(()) => response.map(Body::new),
+            Err(e) => {
+                tracing::error!(error = %crate::engine::error::Chain(&e), "commit failed or its outcome is unknown");
+                drop(conn);
+                self.reject(
+                    Rejection::new(
+                        RejectionKind::CommitFailed,
+                        "the work could not be committed, or its commit was not confirmed",
                     )
                     .with_retry_after(self.config.retry_after)
                     .with_source(e),

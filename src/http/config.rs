@@ -24,6 +24,8 @@ pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 pub(crate) struct Config<D> {
     pub(crate) store: D,
     pub(crate) methods: Vec<Method>,
+    /// A covered request without a key is refused (400) rather than run without a record.
+    pub(crate) key_required: bool,
     pub(crate) scope: Option<ScopeFn>,
     pub(crate) fingerprint: Fingerprinter,
     pub(crate) body_limit: usize,
@@ -58,6 +60,7 @@ impl<D> Config<D> {
     pub(crate) fn new(store: D) -> Self {
         Self {
             store,
+            key_required: true,
             methods: vec![Method::POST, Method::PATCH],
             scope: None,
             fingerprint: Fingerprinter::default(),

@@ -120,6 +120,30 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
         self.with(|c| c.scope = Some(Arc::new(scope)))
     }
 
+    /// Whether a request on a covered method must carry an `Idempotency-Key`. Default:
+    /// `true` — a route whose handler takes [`IdempotentTx`](crate::IdempotentTx) answers
+    /// 400 `missing_key` without one.
+    ///
+    /// With `false`, a request without a key means "no idempotency, just run": the handler
+    /// runs once per request, in a transaction of its own that commits or rolls back by the
+    /// same store policy (a 2xx/3xx commits), and no record is written, so nothing is ever
+    /// replayed and no `Idempotent-Replayed` header is sent. A request *with* a key gets
+    /// the full treatment as before; a malformed key is still 400. Lease mode
+    /// ([`IdempotentLease`](crate::IdempotentLease)) needs a key either way.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::IdempotencyLayer;
+    ///
+    /// // Clients that send a key get idempotency; the others just run.
+    /// let layer = IdempotencyLayer::new(pool).key_required(false);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn key_required(self, required: bool) -> Self {
+        self.with(|c| c.key_required = required)
+    }
+
     /// The methods the layer acts on. Default: `POST` and `PATCH`.
     #[must_use]
     pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {

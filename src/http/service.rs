@@ -110,6 +110,17 @@ where
         } else {
             let mut values = req.headers().get_all(IDEMPOTENCY_KEY).iter();
             match (values.next(), values.next()) {
+                (None, _) if !config.key_required => {
+                    // No key, and none needed: the handler runs in a plain transaction.
+                    req.extensions_mut().insert(KeyMissing);
+                    let clone = self.inner.clone();
+                    let inner = std::mem::replace(&mut self.inner, clone);
+                    return ResponseFuture::idempotent(Box::pin(run_unkeyed(
+                        inner,
+                        Arc::clone(config),
+                        req,
+                    )));
+                }
                 (None, _) => {
                     req.extensions_mut().insert(KeyMissing);
                     None
@@ -177,7 +188,7 @@ where
     let state = Arc::new(RequestState::new(
         Arc::clone(&config),
         scope,
-        key,
+        Some(key),
         fingerprint,
     ));
     parts.extensions.insert(KeyedRequest(Arc::clone(&state)));
@@ -185,7 +196,51 @@ where
         .extensions
         .insert(LeaseClaimant(Arc::clone(&state) as _));
     let handler = inner.call(Request::from_parts(parts, Body::from(body)));
+    finish_request(config, handler, state).await
+}
 
+/// A request without a key on a layer that does not require one: its handler's
+/// transaction is a plain one, and nothing is recorded. The body is not buffered.
+async fn run_unkeyed<S, D, B, ResBody>(
+    mut inner: S,
+    config: Arc<Config<D>>,
+    req: Request<B>,
+) -> Result<Response, S::Error>
+where
+    D: LeaseStore,
+    S: Service<Request<Body>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
+    let (mut parts, body) = req.into_parts();
+    let state = Arc::new(RequestState::new(
+        Arc::clone(&config),
+        String::new(),
+        None,
+        crate::engine::fingerprint::Fingerprint([0; 32]),
+    ));
+    parts.extensions.insert(KeyedRequest(Arc::clone(&state)));
+    let handler = inner.call(Request::from_parts(parts, Body::new(body)));
+    finish_request(config, handler, state).await
+}
+
+/// Runs the handler (detached, unless configured otherwise) and completes its request.
+async fn finish_request<F, D, ResBody, E>(
+    config: Arc<Config<D>>,
+    handler: F,
+    state: Arc<RequestState<D>>,
+) -> Result<Response, E>
+where
+    D: LeaseStore,
+    F: std::future::Future<Output = Result<Response<ResBody>, E>> + Send + 'static,
+    E: Send + 'static,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<axum::BoxError>,
+{
     let outcome = if config.finish_on_disconnect {
         // Detached: dropping this future (client gone) does not cancel the work.
         match config.tasks.spawn(execute(handler, state)).await {

@@ -18,12 +18,25 @@ use crate::http::config::Config;
 use crate::http::rejection::{Rejection, RejectionKind};
 use crate::store::{LeaseStore, Store};
 
+/// An id of its own for a request without a key (for its log lines and derived keys):
+/// unique in the process and across restarts.
+fn unkeyed_id() -> RecordId {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    RecordId::from_parts("axum-idempotency/unkeyed", &format!("{now}-{n}"))
+}
+
 /// What the layer knows about one keyed request.
 pub(crate) struct RequestState<D: Store> {
     pub(crate) config: Arc<Config<D>>,
     pub(crate) id: RecordId,
     pub(crate) scope: String,
-    pub(crate) key: IdempotencyKey,
+    /// `None`: a request without a key on a layer that does not require one; its handler's
+    /// transaction is a plain one, and nothing is recorded.
+    pub(crate) key: Option<IdempotencyKey>,
     pub(crate) fingerprint: Fingerprint,
     /// Atomic mode: the shared transaction.
     pub(crate) tx: Arc<SharedTx<D::Conn>>,
@@ -43,10 +56,13 @@ impl<D: LeaseStore> RequestState<D> {
     pub(crate) fn new(
         config: Arc<Config<D>>,
         scope: String,
-        key: IdempotencyKey,
+        key: Option<IdempotencyKey>,
         fingerprint: Fingerprint,
     ) -> Self {
-        let id = RecordId::new(&scope, &key);
+        let id = match &key {
+            Some(key) => RecordId::new(&scope, key),
+            None => unkeyed_id(),
+        };
         Self {
             id,
             config,
@@ -77,7 +93,11 @@ impl<D: LeaseStore> RequestState<D> {
         NewRecord {
             id: self.id,
             scope: &self.scope,
-            raw_key: self.config.store_raw_key.then(|| self.key.as_str()),
+            raw_key: self
+                .key
+                .as_ref()
+                .filter(|_| self.config.store_raw_key)
+                .map(IdempotencyKey::as_str),
             fingerprint: self.fingerprint,
             status,
             headers,

@@ -80,6 +80,18 @@ impl TxConn {
         }
     }
 
+    /// Wraps a connection outside any transaction for a plain transaction (no key): its
+    /// `BEGIN` leaves in one pipeline with the handler's first statement.
+    pub(crate) fn plain(conn: Box<dyn PooledClient>, prepared: bool) -> Self {
+        Self::with_state(conn, prepared, LAZY, None, false)
+    }
+
+    /// The record a lazy claim locks with the first statement; `None` for a plain
+    /// transaction.
+    pub(crate) fn claimed_record(&self) -> Option<RecordId> {
+        self.id
+    }
+
     /// Whether no statement has been sent yet on a lazy claim's connection.
     pub(crate) fn is_lazy(&self) -> bool {
         self.begin.load(Ordering::Acquire) == LAZY
@@ -92,16 +104,6 @@ impl TxConn {
             FOUND => Deferred::Found,
             _ => Deferred::Granted,
         }
-    }
-
-    /// The lazy claim's record.
-    pub(crate) fn record_id(&self) -> RecordId {
-        self.id.expect("a lazy claim's connection knows its record")
-    }
-
-    /// The lazy claim's lock key.
-    pub(crate) fn lock_key(&self) -> i64 {
-        self.record_id().lock_key()
     }
 
     /// Serialises a lazy transaction's first statements; `None` once it has begun (or was

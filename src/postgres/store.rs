@@ -231,6 +231,19 @@ impl Store for PgStore {
         Ok(())
     }
 
+    /// Lazy too: `BEGIN` leaves with the handler's first statement.
+    async fn begin(&self) -> Result<TxConn, Error> {
+        Ok(TxConn::plain(self.checkout().await?, self.prepared))
+    }
+
+    async fn commit_plain(conn: &mut TxConn) -> Result<(), Error> {
+        if !conn.is_lazy() {
+            conn.client().batch_execute("COMMIT").await?;
+        }
+        conn.mark_ended();
+        Ok(())
+    }
+
     async fn rollback(conn: TxConn) {
         conn.rollback().await;
     }

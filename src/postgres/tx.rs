@@ -181,10 +181,17 @@ where
     F: AsyncFnOnce(&TxConn) -> Result<T, tokio_postgres::Error>,
 {
     let db = Db::new(conn.pooled(), conn.prepared());
+    let Some(id) = conn.claimed_record() else {
+        // A plain transaction: `BEGIN` and the statement.
+        conn.beginning();
+        let (begun, result) = tokio::join!(biased; db.client().batch_execute("BEGIN"), f(conn));
+        begun?;
+        conn.begun(true, false);
+        return result.map_err(Error::Postgres);
+    };
     let try_lock = db.prepare(&statement::TRY_LOCK).await?;
     let exists = db.prepare(&statement::EXISTS).await?;
-    let lock_key = conn.lock_key();
-    let id = conn.record_id();
+    let lock_key = id.lock_key();
     let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
     let exists_params: [&(dyn ToSql + Sync); 1] = [&id];
     conn.beginning();

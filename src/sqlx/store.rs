@@ -182,6 +182,14 @@ impl Store for SqlxStore {
         tx.commit().await.map_err(failed)
     }
 
+    async fn begin(&self) -> Result<SqlxConn, Error> {
+        SqlxStore::begin(self).await
+    }
+
+    async fn commit_plain(conn: &mut SqlxConn) -> Result<(), Error> {
+        Ok(conn.commit().await?)
+    }
+
     async fn rollback(mut conn: SqlxConn) {
         if let Some(tx) = conn.tx.take() {
             if let Err(error) = tx.rollback().await {

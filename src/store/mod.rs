@@ -91,6 +91,15 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
         Deferred::Granted
     }
 
+    /// Begins a plain transaction: no key, no lock, no record (a route whose layer does not
+    /// require a key, and a request that sent none).
+    #[doc(hidden)]
+    fn begin(&self) -> impl Future<Output = Result<Self::Conn, Error>> + Send;
+
+    /// Commits a plain transaction.
+    #[doc(hidden)]
+    fn commit_plain(conn: &mut Self::Conn) -> impl Future<Output = Result<(), Error>> + Send;
+
     /// Rolls back and waits until the connection is clean (or discarded).
     #[doc(hidden)]
     fn rollback(conn: Self::Conn) -> impl Future<Output = ()> + Send;
