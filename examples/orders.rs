@@ -46,6 +46,8 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::Type;
 use tower_http::trace::TraceLayer;
 
+#[path = "support/json.rs"]
+mod json;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -148,7 +150,7 @@ const INSERT_ORDER: &str = "INSERT INTO orders (order_no, user_id, amount) \
 /// Creates an order. The order row and the idempotency record commit together.
 async fn create_order(
     tx: IdempotentTx,
-    Json(order): Json<NewOrder>,
+    json::JsonBody(order): json::JsonBody<NewOrder>,
 ) -> Result<impl IntoResponse, AppError> {
     if order.amount <= 0 {
         return Err(AppError::InvalidAmount);
