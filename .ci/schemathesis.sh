@@ -5,13 +5,13 @@
 # document (status, content type, headers, body schema) and any valid request refused.
 # The example runs on a free port against a schema of its own on DATABASE_URL's server.
 #
-# Usage: .ci/schemathesis.sh SCHEMATHESIS [MAX_EXAMPLES]   (default 500 per operation)
+# Usage: .ci/schemathesis.sh SCHEMATHESIS [MAX_EXAMPLES]   (default 300 per operation)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 schemathesis="$(realpath "$1")"
-max_examples="${2:-500}"
+max_examples="${2:-300}"
 database_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 schema="ci_schemathesis_$$"
 example="target/debug/examples/orders"
