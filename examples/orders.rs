@@ -48,6 +48,8 @@ use tower_http::trace::TraceLayer;
 
 #[path = "support/errors.rs"]
 mod errors;
+#[path = "support/json.rs"]
+mod json;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -143,7 +145,7 @@ const INSERT_ORDER: &str = "INSERT INTO orders (order_no, user_id, amount) \
 /// Creates an order. The order row and the idempotency record commit together.
 async fn create_order(
     tx: IdempotentTx,
-    Json(order): Json<NewOrder>,
+    json::JsonBody(order): json::JsonBody<NewOrder>,
 ) -> Result<impl IntoResponse, AppError> {
     if order.amount <= 0 {
         return Err(AppError::InvalidAmount);

@@ -30,6 +30,8 @@ use tower_http::trace::TraceLayer;
 
 #[path = "support/errors.rs"]
 mod errors;
+#[path = "support/json.rs"]
+mod json;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -118,7 +120,7 @@ fn prepared_statements() -> bool {
 /// Creates an order. The order row and the idempotency record commit together.
 async fn create_order(
     mut tx: IdempotentTx,
-    Json(order): Json<NewOrder>,
+    json::JsonBody(order): json::JsonBody<NewOrder>,
 ) -> Result<impl IntoResponse, AppError> {
     if order.amount <= 0 {
         return Err(AppError::InvalidAmount);

@@ -1,11 +1,13 @@
-//! Entry points for the fuzz targets under `fuzz/` and for `tests/fuzz_corpus.rs`.
+//! Entry points for the fuzz targets under `fuzz/` and for the corpus replay
+//! (`fuzz/tests/corpus.rs`).
 //!
-//! **Not public API.** This module exists only with the hidden `__fuzz` feature; anything in
-//! it may change or disappear in any release.
+//! **Not public API.** This module exists only when the crate is compiled with
+//! `--cfg fuzzing` (which `cargo fuzz` and `cargo afl` set), never through a cargo feature;
+//! anything in it may change or disappear in any release.
 //!
 //! Each function takes arbitrary bytes, runs one parser or codec of the engine on them and
 //! checks a property, panicking when it does not hold. The `cargo fuzz` targets call them
-//! from `fuzz_target!`, and `tests/fuzz_corpus.rs` replays the committed corpora
+//! from `fuzz_target!`, and `fuzz/tests/corpus.rs` replays the committed corpora
 //! (`fuzz/corpus/<target>/`) through the same functions on stable Rust.
 
 use bytes::Bytes;

@@ -41,7 +41,7 @@
     allow(dead_code, unused)
 )]
 
-#[cfg(feature = "__fuzz")]
+#[cfg(fuzzing)]
 #[doc(hidden)]
 #[path = "fuzz.rs"]
 pub mod __fuzz;

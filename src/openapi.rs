@@ -131,8 +131,19 @@ pub struct IdempotencyDoc {
     operations: Vec<(Method, String)>,
 }
 
-/// The `Idempotency-Key` header's syntax, as [`crate::IdempotencyKey::parse`] accepts it.
-const KEY_PATTERN: &str = r#"^(?:[!#-~]+|"(?:[ !#-\[\]-~]|\\["\\])+")$"#;
+/// The `Idempotency-Key` header's syntax, exactly as [`crate::IdempotencyKey::parse`]
+/// accepts it: a bare token of 1 to [`MAX_KEY_LEN`] printable ASCII characters without
+/// space or `"`, or a Structured Field string whose content is 1 to [`MAX_KEY_LEN`]
+/// characters once unescaped (printable ASCII with spaces, `"` and `\` escaped by a
+/// backslash).
+fn key_pattern() -> String {
+    format!(r#"^(?:[!#-~]{{1,{MAX_KEY_LEN}}}|"(?:[ !#-\[\]-~]|\\["\\]){{1,{MAX_KEY_LEN}}}")$"#)
+}
+
+/// The longest header value [`crate::IdempotencyKey::parse`] accepts: a quoted key of
+/// [`MAX_KEY_LEN`] characters, every one escaped.
+const MAX_KEY_HEADER_LEN: usize = 2 * MAX_KEY_LEN + 2;
+
 impl Default for IdempotencyDoc {
     fn default() -> Self {
         Self::new()
@@ -299,11 +310,8 @@ impl IdempotencyDoc {
         let schema = ObjectBuilder::new()
             .schema_type(Type::String)
             .min_length(Some(1))
-            // A quoted key of MAX_KEY_LEN characters, every one escaped.
-            .max_length(Some(2 * MAX_KEY_LEN + 2))
-            // Bare: printable ASCII, no space, no quote. Quoted (a Structured Field
-            // string): printable ASCII with spaces, `"` and `\` escaped by a backslash.
-            .pattern(Some(KEY_PATTERN))
+            .max_length(Some(MAX_KEY_HEADER_LEN))
+            .pattern(Some(key_pattern()))
             .examples([Value::from("8e03978e-40d5-43e8-bc93-6894a57f9324")])
             .build();
         ParameterBuilder::new()
@@ -526,7 +534,65 @@ fn merge(
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+    use crate::engine::key::IdempotencyKey;
+
+    /// Whether the declared schema admits `value`: what a client generating from the
+    /// document believes the layer accepts.
+    fn declared(value: &str) -> bool {
+        let pattern = regex::Regex::new(&key_pattern()).unwrap();
+        (1..=MAX_KEY_HEADER_LEN).contains(&value.len()) && pattern.is_match(value)
+    }
+
+    #[test]
+    fn the_key_schema_is_the_parser_s_language_at_its_limits() {
+        let bare = |n| "k".repeat(n);
+        let quoted = |n| format!("\"{}\"", "k".repeat(n));
+        let escaped = |n| format!("\"{}\"", "\\\"".repeat(n));
+        for value in [
+            bare(1),
+            bare(MAX_KEY_LEN),
+            bare(MAX_KEY_LEN + 1),
+            quoted(MAX_KEY_LEN),
+            quoted(MAX_KEY_LEN + 1),
+            escaped(MAX_KEY_LEN),
+            escaped(MAX_KEY_LEN + 1),
+            quoted(0),
+            String::new(),
+            "order 42".to_owned(),
+            "\"order 42\"".to_owned(),
+        ] {
+            assert_eq!(
+                declared(&value),
+                IdempotencyKey::parse(value.as_bytes()).is_ok(),
+                "{} characters: {value:?}",
+                value.len()
+            );
+        }
+        assert!(declared(&escaped(MAX_KEY_LEN)));
+        assert_eq!(escaped(MAX_KEY_LEN).len(), MAX_KEY_HEADER_LEN);
+    }
+
+    proptest! {
+        #[test]
+        fn the_key_schema_admits_exactly_what_the_parser_accepts(
+            value in prop_oneof![
+                "[ -~]{0,40}",
+                "\"[ -~]{0,40}\"",
+                "[!#-~]{250,260}",
+                "\"(?:[ !#-\\[\\]-~]|\\\\[\"\\\\]){250,260}\"",
+            ]
+        ) {
+            prop_assert_eq!(
+                declared(&value),
+                IdempotencyKey::parse(value.as_bytes()).is_ok(),
+                "{:?}",
+                value
+            );
+        }
+    }
 
     #[test]
     fn codes_come_from_the_rejection_list() {

@@ -72,6 +72,8 @@ async fn declares_the_idempotency_contract(example: &str) {
         "order-42",
         r#""order 42""#,
         r#""say \"hi\" \\ bye""#,
+        &"k".repeat(255),
+        &format!("\"{}\"", "k".repeat(255)),
     ] {
         assert!(
             axum_idempotency::IdempotencyKey::parse(key.as_bytes()).is_ok(),
@@ -84,6 +86,9 @@ async fn declares_the_idempotency_contract(example: &str) {
         r#""unterminated"#,
         r#""bad \x escape""#,
         "caf\u{e9}",
+        // One character over the layer's limit, bare and quoted.
+        &"k".repeat(256),
+        &format!("\"{}\"", "k".repeat(256)),
     ] {
         assert!(
             axum_idempotency::IdempotencyKey::parse(key.as_bytes()).is_err(),
@@ -96,14 +101,21 @@ async fn declares_the_idempotency_contract(example: &str) {
     let codes = |status: &str| problem_codes(&spec, &responses[status]);
     assert_eq!(
         codes("400"),
-        ["missing_key", "invalid_key", "body_unreadable"]
+        [
+            "malformed_json",
+            "missing_key",
+            "invalid_key",
+            "body_unreadable"
+        ],
+        "the handler's own 400 keeps its code and gains the layer's"
     );
+    assert_eq!(codes("415"), ["unsupported_media_type"]);
     assert_eq!(codes("408"), ["body_timeout"]);
     assert_eq!(codes("409"), ["in_flight", "lease_lost"]);
     assert_eq!(codes("413"), ["payload_too_large"]);
     assert_eq!(
         codes("422"),
-        ["invalid_amount", "key_reused"],
+        ["invalid_amount", "invalid_body", "key_reused"],
         "the handler's own 422 keeps its code and gains the layer's"
     );
     assert_eq!(
@@ -136,6 +148,67 @@ async fn declares_the_idempotency_contract(example: &str) {
     );
     let replayed = header_schema(&spec, &responses["200"], "Idempotent-Replayed");
     assert_eq!(replayed.enum_values, [serde_json::json!("true")]);
+
+    // The caller's header is what the layer's scope reads: any value, or none.
+    let user = post
+        .parameter("X-User-Id", &spec)
+        .unwrap()
+        .expect("the X-User-Id parameter");
+    assert_ne!(user.required, Some(true), "requests without it are served");
+    let user_schema = user.schema.unwrap().resolve(&spec).unwrap();
+    assert_eq!(
+        user_schema.schema_type,
+        Some(oas3::spec::SchemaTypeSet::Single(
+            oas3::spec::SchemaType::String
+        ))
+    );
+
+    // The body's rejections are the problem documents the document declares.
+    let client = reqwest::Client::new();
+    for (content_type, body, status, code) in [
+        (
+            "application/json",
+            r#"{"user_id": 1, "amount""#,
+            400,
+            "malformed_json",
+        ),
+        (
+            "application/json",
+            r#"{"user_id": "one", "amount": 5}"#,
+            422,
+            "invalid_body",
+        ),
+        ("application/json", r#"{"amount": 5}"#, 422, "invalid_body"),
+        (
+            "text/plain",
+            r#"{"user_id": 1, "amount": 5}"#,
+            415,
+            "unsupported_media_type",
+        ),
+    ] {
+        let response = client
+            .post(format!("http://{addr}/orders"))
+            .header("idempotency-key", format!("body-{code}-{}", body.len()))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), status, "{body}");
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/problem+json",
+            "{body}"
+        );
+        let problem: serde_json::Value =
+            serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        assert_eq!(problem["code"], code, "{body}");
+        assert_eq!(problem["status"], status, "{body}");
+        assert!(
+            codes(&status.to_string()).iter().any(|c| c == code),
+            "{code} is declared for {status}"
+        );
+    }
 
     // The read is not keyed.
     let get = spec

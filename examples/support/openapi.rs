@@ -35,16 +35,26 @@ fn document() -> utoipa::openapi::OpenApi {
     use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
     use utoipa::openapi::request_body::RequestBodyBuilder;
     use utoipa::openapi::{
-        ComponentsBuilder, Content, HeaderBuilder, InfoBuilder, ObjectBuilder, OpenApiBuilder,
-        PathItem, PathsBuilder, Ref, Required, ResponseBuilder, Type,
+        ComponentsBuilder, Content, HeaderBuilder, InfoBuilder, KnownFormat, ObjectBuilder,
+        OpenApiBuilder, PathItem, PathsBuilder, Ref, Required, ResponseBuilder, SchemaFormat, Type,
     };
 
-    let integer = || ObjectBuilder::new().schema_type(Type::Integer);
+    // The handlers read integers as `i64`.
+    let integer = || {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+    };
     let string = || ObjectBuilder::new().schema_type(Type::String);
     let new_order = ObjectBuilder::new()
         .schema_type(Type::Object)
         .property("user_id", integer())
-        .property("amount", integer().description(Some("Positive, in cents.")))
+        .property(
+            "amount",
+            integer()
+                .minimum(Some(1))
+                .description(Some("Positive, in cents.")),
+        )
         .required("user_id")
         .required("amount");
     let order = ObjectBuilder::new()
@@ -55,23 +65,28 @@ fn document() -> utoipa::openapi::OpenApi {
         .required("order_no")
         .required("user_id")
         .required("amount");
+    // What the layer's `scope` reads: any visible-ASCII value names a caller; keys sent
+    // without it (or with another value) share one scope.
     let user = || {
         ParameterBuilder::new()
             .name("X-User-Id")
             .parameter_in(ParameterIn::Header)
-            .required(Required::True)
-            .description(Some("The caller: keys are scoped per user."))
-            .schema(Some(integer()))
+            .required(Required::False)
+            .description(Some(
+                "The caller: keys are scoped per value of this header. Requests without it \
+                 share one scope.",
+            ))
+            .schema(Some(string()))
     };
     let order_json = || Content::new(Some(Ref::from_schema_name("Order")));
     // The handlers' own problem documents: `code` is all a client branches on.
-    let problem = |description: &str, code: &str| {
+    let problem = |description: &str, codes: &[&str]| {
         ResponseBuilder::new().description(description).content(
             "application/problem+json",
             Content::new(Some(
                 ObjectBuilder::new()
                     .schema_type(Type::Object)
-                    .property("code", string().enum_values(Some([code])))
+                    .property("code", string().enum_values(Some(codes.to_vec())))
                     .required("code"),
             )),
         )
@@ -79,13 +94,13 @@ fn document() -> utoipa::openapi::OpenApi {
     let unavailable = || {
         problem(
             "The database is unavailable; retry later.",
-            "database_unavailable",
+            &["database_unavailable"],
         )
     };
     let failed = || {
         problem(
             "A statement failed in the database; its work was rolled back.",
-            "database_error",
+            &["database_error"],
         )
     };
     let order_no = || {
@@ -96,7 +111,7 @@ fn document() -> utoipa::openapi::OpenApi {
             .schema(Some(string()))
     };
 
-    let create_order = OperationBuilder::new()
+    let mut create_order = OperationBuilder::new()
         .operation_id(Some("create_order"))
         .summary(Some("Creates an order, once per Idempotency-Key."))
         .parameter(user())
@@ -122,12 +137,20 @@ fn document() -> utoipa::openapi::OpenApi {
                 )
                 .content("application/json", order_json()),
         )
-        .response(
-            "422",
-            problem("The amount is not positive.", "invalid_amount"),
-        )
         .response("500", failed())
         .response("503", unavailable());
+    // The body's rejections (`JsonBody`), and the amount's.
+    for (status, code, description) in crate::json::REJECTIONS {
+        let (description, codes) = if status == axum::http::StatusCode::UNPROCESSABLE_ENTITY {
+            (
+                format!("{description} Or the amount is not positive."),
+                vec!["invalid_amount", code],
+            )
+        } else {
+            (description.to_owned(), vec![code])
+        };
+        create_order = create_order.response(status.as_str(), problem(&description, &codes));
+    }
     let pay_order = OperationBuilder::new()
         .operation_id(Some("pay_order"))
         .summary(Some(
@@ -153,7 +176,7 @@ fn document() -> utoipa::openapi::OpenApi {
         )
         .response(
             "404",
-            problem("No order with this number.", "unknown_order"),
+            problem("No order with this number.", &["unknown_order"]),
         )
         .response("500", failed())
         .response("503", unavailable());

@@ -1,5 +1,5 @@
 //! The JSON canonicaliser: fingerprints are stable under re-serialisation; never panics.
-//! The property lives in `axum_idempotency::__fuzz::fingerprint`, shared with tests/fuzz_corpus.rs.
+//! The property lives in `axum_idempotency::__fuzz::fingerprint`, shared with fuzz/tests/corpus.rs.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,5 +1,5 @@
 //! The stored-header codec: decode never panics; encode -> decode round-trips.
-//! The property lives in `axum_idempotency::__fuzz::headers`, shared with tests/fuzz_corpus.rs.
+//! The property lives in `axum_idempotency::__fuzz::headers`, shared with fuzz/tests/corpus.rs.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,5 +1,5 @@
 //! IdempotencyKey::parse and from_header accept exactly the documented language and round-trip.
-//! The property lives in `axum_idempotency::__fuzz::key`, shared with tests/fuzz_corpus.rs.
+//! The property lives in `axum_idempotency::__fuzz::key`, shared with fuzz/tests/corpus.rs.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

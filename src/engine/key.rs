@@ -265,7 +265,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// The key language as the documentation states it, written independently of the parser:
 /// the property tests and the fuzz target hold the parser to it.
-#[cfg(any(test, feature = "__fuzz"))]
+#[cfg(any(test, fuzzing))]
 pub(crate) mod model {
     use super::MAX_KEY_LEN;
 
