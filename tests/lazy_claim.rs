@@ -276,11 +276,11 @@ async fn bump<S: TestStore>(
     StatusCode::OK
 }
 
-/// A duplicate whose first statement needs a row its in-flight twin has locked: with the
-/// key's lock in the same pipeline, the statement waits for that row before the pipeline
-/// answers, so the duplicate is answered 409 only once the twin ends. A driver that locks
-/// the key before the handler runs answers it at once.
-async fn a_first_statement_that_waits_on_its_twins_row_answers_when_the_twin_ends<D: Driver>() {
+/// A duplicate whose first statement needs a row its in-flight twin has locked: the key's
+/// lock, answered first in the same pipeline, is refused, and the statement waiting on the
+/// row is cancelled, so the duplicate is answered 409 while the twin still runs (a driver
+/// that locks the key before the handler answers it without sending the statement).
+async fn a_first_statement_waiting_on_its_twins_row_is_cancelled_and_answered_409<D: Driver>() {
     let db = TestDb::new(4).await;
     db.admin
         .batch_execute(&format!(
@@ -312,40 +312,19 @@ async fn a_first_statement_that_waits_on_its_twins_row_answers_when_the_twin_end
         let app = app.clone();
         async move { send(&app, post_json("/bump", Some("row-1"), &json!({}))).await }
     });
-    if D::LAZY {
-        // The duplicate's pipeline waits on the row the twin updated.
-        eventually("the duplicate to wait on the twin's row lock", async || {
-            db.admin
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity \
-                     WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                    &[&db.schema],
-                )
-                .await
-                .unwrap()
-                .get::<_, i64>(0)
-                == 1
-        })
-        .await;
-        assert!(
-            !duplicate.is_finished(),
-            "answered while the twin holds its row"
-        );
-        gate.open.add_permits(1);
-        assert_eq!(first.await.unwrap().status, StatusCode::OK);
-        let duplicate = duplicate.await.unwrap();
-        eprintln!(
-            "a duplicate waiting on its twin's row answered after {:?}",
-            started.elapsed()
-        );
-        assert_eq!(duplicate.status, StatusCode::CONFLICT);
-        assert_eq!(duplicate.problem_code(), "in_flight");
-    } else {
-        let duplicate = duplicate.await.unwrap();
-        assert_eq!(duplicate.status, StatusCode::CONFLICT);
-        gate.open.add_permits(1);
-        assert_eq!(first.await.unwrap().status, StatusCode::OK);
-    }
+    let duplicate = duplicate.await.unwrap();
+    eprintln!(
+        "a duplicate whose statement waited on its twin's row answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(duplicate.status, StatusCode::CONFLICT);
+    assert_eq!(duplicate.problem_code(), "in_flight");
+    assert!(
+        !first.is_finished(),
+        "answered while the twin still holds its row"
+    );
+    gate.open.add_permits(1);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
     assert_eq!(db.scalar("SELECT n::int8 FROM counters").await, 1);
     let retry = send(&app, post_json("/bump", Some("row-1"), &json!({}))).await;
     assert!(retry.replayed());
@@ -354,7 +333,7 @@ async fn a_first_statement_that_waits_on_its_twins_row_answers_when_the_twin_end
 
 for_each_driver! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async a_first_statement_that_waits_on_its_twins_row_answers_when_the_twin_ends;
+    async a_first_statement_waiting_on_its_twins_row_is_cancelled_and_answered_409;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async a_first_statement_that_meets_a_held_key_is_answered_409;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

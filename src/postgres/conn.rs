@@ -39,6 +39,9 @@ pub struct TxConn {
     first: tokio::sync::Mutex<()>,
     /// The record the lazy claim takes the lock of, and looks up, with the first statement.
     id: Option<RecordId>,
+    /// A query cancel was sent on this connection: it never goes back to the pool, where
+    /// a late cancel could stop another request's statement.
+    cancelled: AtomicBool,
 }
 
 /// [`TxConn::begin`]: a transaction the claim already began (and locked).
@@ -77,6 +80,7 @@ impl TxConn {
             begin: AtomicU8::new(begin),
             first: tokio::sync::Mutex::new(()),
             id,
+            cancelled: AtomicBool::new(false),
         }
     }
 
@@ -114,6 +118,17 @@ impl TxConn {
         }
         let guard = self.first.lock().await;
         self.is_lazy().then_some(guard)
+    }
+
+    /// Cancels the statement the server is running on this connection, and marks the
+    /// connection to be closed rather than pooled once its transaction ends.
+    pub(crate) async fn cancel_running(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.in_transaction.store(true, Ordering::Release);
+        let token = self.client().cancel_token();
+        if let Err(error) = token.cancel_query(tokio_postgres::NoTls).await {
+            tracing::debug!(%error, "could not cancel a duplicate's statement; it runs to its end");
+        }
     }
 
     /// Marks the connection as inside a transaction before a pipeline that begins one is
@@ -158,6 +173,10 @@ impl TxConn {
         let Some(conn) = self.conn.take() else {
             return;
         };
+        if *self.cancelled.get_mut() {
+            conn.discard();
+            return;
+        }
         if !*self.in_transaction.get_mut() {
             // A lazy claim that never began: the connection is clean.
             return;
@@ -174,6 +193,10 @@ impl Drop for TxConn {
         let Some(conn) = self.conn.take() else {
             return;
         };
+        if *self.cancelled.get_mut() {
+            conn.discard();
+            return;
+        }
         let guard = DiscardOnDrop(Some(conn));
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {

@@ -157,19 +157,18 @@ impl PgTx {
     /// SQL text to [`query`](Self::query) and friends instead, and turn the crate's own
     /// prepared statements off with
     /// [`IdempotencyLayer::prepared_statements`](crate::IdempotencyLayer::prepared_statements).
+    ///
+    /// Called before any statement of a lazily claimed key, it carries the claim (as the
+    /// first statement does): a statement of the same handler that is run by SQL text or
+    /// with a statement prepared elsewhere saves that round trip.
     pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {
-        if is_transaction_control(query) {
-            return Err(Error::TransactionControl);
-        }
-        let slot = self.token.shared().read().await;
-        let Some(conn) = slot.as_ref() else {
-            return Err(Error::TransactionEnded);
-        };
-        let prepared = match conn.pooled().prepare_cached(query, &[]) {
-            Some(cached) => cached.await,
-            None => conn.client().prepare(query).await,
-        };
-        prepared.map_err(Error::Postgres)
+        self.with_client(Some(query), async |conn| {
+            match conn.pooled().prepare_cached(query, &[]) {
+                Some(cached) => cached.await,
+                None => conn.client().prepare(query).await,
+            }
+        })
+        .await
     }
 }
 
@@ -195,22 +194,54 @@ where
     let lock_params: [&(dyn ToSql + Sync); 1] = [&lock_key];
     let exists_params: [&(dyn ToSql + Sync); 1] = [&id];
     conn.beginning();
-    let (begun, locked, found, result) = tokio::join!(
-        biased;
-        db.client().batch_execute("BEGIN"),
-        db.query_one(&try_lock, &lock_params),
-        db.query_opt(&exists, &exists_params),
-        f(conn),
-    );
+    let claim = async {
+        tokio::join!(
+            biased;
+            db.client().batch_execute("BEGIN"),
+            db.query_one(&try_lock, &lock_params),
+            db.query_opt(&exists, &exists_params),
+        )
+    };
+    let mut claim = std::pin::pin!(claim);
+    let mut statement = std::pin::pin!(f(conn));
+    let mut done = None;
+    // Polled in this order, the four requests leave in one pipeline; the claim's answers
+    // come first.
+    let (begun, locked, found) = loop {
+        tokio::select! {
+            biased;
+            claimed = &mut claim => break claimed,
+            result = &mut statement, if done.is_none() => done = Some(result),
+        }
+    };
     begun?;
     let locked: bool = locked?.try_get(0)?;
     let found = found?.is_some();
     conn.begun(locked, found);
-    if !locked || found {
-        return Err(Error::DuplicateRequest);
+    if locked && !found {
+        return match done {
+            Some(result) => result,
+            None => statement.await,
+        }
+        .map_err(Error::Postgres);
     }
-    result.map_err(Error::Postgres)
+    if done.is_none() {
+        // A duplicate's statement may wait on rows its twin holds: stop it rather than
+        // answer only when the twin ends.
+        if tokio::time::timeout(STATEMENT_GRACE, &mut statement)
+            .await
+            .is_err()
+        {
+            conn.cancel_running().await;
+            let _ = statement.await;
+        }
+    }
+    Err(Error::DuplicateRequest)
 }
+
+/// How long a duplicate's first statement may take after its claim was refused before
+/// it is cancelled.
+const STATEMENT_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
 impl fmt::Debug for PgTx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
