@@ -396,13 +396,15 @@ where
                 )
                 .await;
             let (answer_with, what) = match &outcome {
-                Ok(Outcome::Processed(_)) => (Answer::Ack, "processed"),
-                Ok(Outcome::Duplicate { .. }) => (Answer::Ack, "duplicate"),
-                Ok(Outcome::GaveUp { .. }) => (Answer::Reject, "gave up"),
-                Err(InboxError::InvalidMessageId(_)) => (Answer::Reject, "invalid message id"),
+                Ok(Outcome::Processed(_)) => (Answer::Ack, "processed; acknowledged"),
+                Ok(Outcome::Duplicate { .. }) => (Answer::Ack, "duplicate; acknowledged"),
+                Ok(Outcome::GaveUp { .. }) => (Answer::Reject, "gave up; rejected"),
+                Err(InboxError::InvalidMessageId(_)) => {
+                    (Answer::Reject, "invalid message id; rejected")
+                }
                 Err(InboxError::Store(_) | InboxError::Busy) => {
                     // Not the message's fault: keep it in hand and try again.
-                    tracing::warn!(queue = %self.queue, message = %message.id,
+                    tracing::warn!(queue = %self.queue, message_id = %message.id,
                         error = %outcome.as_ref().err().map(ToString::to_string).unwrap_or_default(),
                         "inbox unavailable; retrying the message");
                     tokio::select! {
@@ -416,21 +418,21 @@ where
                     backoff = (backoff * 2).min(self.max_backoff);
                     continue;
                 }
-                Err(_) => (Answer::Requeue, "failed"),
+                Err(_) => (Answer::Requeue, "failed; requeued"),
             };
             match &outcome {
                 Ok(Outcome::GaveUp {
                     attempts,
                     last_error,
                 }) => {
-                    tracing::warn!(queue = %self.queue, message = %message.id, attempts,
-                        last_error = last_error.as_deref().unwrap_or(""), "{what}; rejected");
+                    tracing::warn!(queue = %self.queue, message_id = %message.id, attempts,
+                        last_error = last_error.as_deref().unwrap_or(""), "{what}");
                 }
                 Err(error) => {
-                    tracing::info!(queue = %self.queue, message = %message.id, error = %error,
+                    tracing::info!(queue = %self.queue, message_id = %message.id, error = %error,
                         "{what}");
                 }
-                Ok(_) => tracing::info!(queue = %self.queue, message = %message.id, "{what}"),
+                Ok(_) => tracing::info!(queue = %self.queue, message_id = %message.id, "{what}"),
             }
             answer(&delivery, answer_with).await;
             return;

@@ -164,6 +164,15 @@ CONF
     for n in 1 2 3; do
         wait_running "$n"
     done
+    # Every node sees the other two running, so that a quorum queue declared now gets a
+    # member on each.
+    local deadline=$((SECONDS + 60))
+    for n in 1 2 3; do
+        until [ "$(ctl "$n" eval 'length(rabbit_nodes:all_running()).' 2>/dev/null)" = 3 ]; do
+            [ "$SECONDS" -lt "$deadline" ] || die "node $n does not see three running nodes"
+            sleep 0.3
+        done
+    done
 }
 
 kill_node() {
