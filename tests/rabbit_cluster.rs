@@ -175,7 +175,14 @@ impl Cluster {
     /// How many nodes hold a member of the quorum queue, asked of node `via`.
     async fn members(&self, via: usize, queue: &str) -> usize {
         let out = self
-            .run(&["ctl", &via.to_string(), "list_queues", "name", "members", "--no-table-headers"])
+            .run(&[
+                "ctl",
+                &via.to_string(),
+                "list_queues",
+                "name",
+                "members",
+                "--no-table-headers",
+            ])
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         out.lines()
@@ -295,7 +302,10 @@ async fn start_consumer(db: &TestDb, urls: &str, queue: &str) -> (tokio::process
 /// cluster formed, a declaration may be refused while the nodes settle: tried again.)
 async fn declare_quorum(cluster: &Cluster, queue: &str) {
     let mut arguments = FieldTable::default();
-    arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    arguments.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     let mut last = None;
     for _ in 0..50 {
         let declared = async {
@@ -443,7 +453,8 @@ async fn run(cluster: &Cluster, run: &'static str, kill_relay_node: bool) -> Fig
                             keys.push(format!("p2-{i}"));
                         }
                         for key in keys {
-                            let (status, body) = until_final(&addr, &pay(user, &order_no, &key)).await;
+                            let (status, body) =
+                                until_final(&addr, &pay(user, &order_no, &key)).await;
                             assert_eq!(status, 200, "{body}");
                         }
                         paid.push(user);
@@ -483,8 +494,14 @@ async fn run(cluster: &Cluster, run: &'static str, kill_relay_node: bool) -> Fig
     }
     let relay_node = relay_node.expect("the relay's connection");
     let consumer_node = consumer_node.expect("the consumer's connection");
-    assert_eq!(relay_node, relay_first, "the relay connected to its first node");
-    assert_eq!(consumer_node, consumer_first, "the consumer connected to its first node");
+    assert_eq!(
+        relay_node, relay_first,
+        "the relay connected to its first node"
+    );
+    assert_eq!(
+        consumer_node, consumer_first,
+        "the consumer connected to its first node"
+    );
     let killed = if kill_relay_node { relay_node } else { leader };
     let survivor = (1..=3).find(|n| *n != killed).unwrap();
 
@@ -559,7 +576,10 @@ async fn run(cluster: &Cluster, run: &'static str, kill_relay_node: bool) -> Fig
                     return Some((n, kill.elapsed()));
                 }
             }
-            assert!(kill.elapsed() < Duration::from_secs(60), "no new leader 60 s after the kill");
+            assert!(
+                kill.elapsed() < Duration::from_secs(60),
+                "no new leader 60 s after the kill"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
@@ -659,7 +679,10 @@ async fn run(cluster: &Cluster, run: &'static str, kill_relay_node: bool) -> Fig
     );
 
     let lines = lines.lock().unwrap().clone();
-    let duplicates = lines.iter().filter(|(_, l)| l.contains("duplicate; acknowledged")).count();
+    let duplicates = lines
+        .iter()
+        .filter(|(_, l)| l.contains("duplicate; acknowledged"))
+        .count();
     let consumer_reconnect = lines
         .iter()
         .find(|(at, l)| *at > kill && l.contains("inbox consumer reconnected"))
@@ -674,10 +697,16 @@ async fn run(cluster: &Cluster, run: &'static str, kill_relay_node: bool) -> Fig
         .map(|at| at - kill_clock.rem_euclid(86_400.0))
         .find(|after| *after > 0.0);
     if killed == relay_node {
-        assert!(relay_reconnect.is_some(), "the relay reconnected to another node");
+        assert!(
+            relay_reconnect.is_some(),
+            "the relay reconnected to another node"
+        );
     }
     if killed == consumer_node {
-        assert!(consumer_reconnect.is_some(), "the consumer reconnected to another node");
+        assert!(
+            consumer_reconnect.is_some(),
+            "the consumer reconnected to another node"
+        );
     }
     drop(orders);
     drop(consumer);

@@ -19,11 +19,17 @@ pub(crate) fn urls() -> Vec<String> {
 /// Declares `queue` durable, as a quorum queue when `QUEUE_TYPE=quorum` (replicated on the
 /// cluster's nodes), else as a classic queue; on the first node that answers. A queue that
 /// exists already with the same type is left as it is.
-pub(crate) async fn declare(urls: &[String], queue: &str) -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) async fn declare(
+    urls: &[String],
+    queue: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
     let quorum = std::env::var("QUEUE_TYPE").is_ok_and(|t| t.eq_ignore_ascii_case("quorum"));
     let mut arguments = FieldTable::default();
     if quorum {
-        arguments.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
     }
     let mut last = None;
     for url in urls {

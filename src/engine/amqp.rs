@@ -80,7 +80,10 @@ impl Brokers {
                     last = Some(error);
                 }
                 Err(_) => {
-                    tracing::debug!(node = at, "broker node did not answer within the connect timeout");
+                    tracing::debug!(
+                        node = at,
+                        "broker node did not answer within the connect timeout"
+                    );
                     last = Some(lapin::Error::from(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
                         "connect timed out",

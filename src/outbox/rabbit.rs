@@ -112,7 +112,10 @@ impl RabbitPublisher {
             }
             // Its node failed (or closed the connection): start with the next one.
             self.brokers.failed(open.node);
-            tracing::info!(node = open.node, "outbox relay: lost its broker connection; reconnecting");
+            tracing::info!(
+                node = open.node,
+                "outbox relay: lost its broker connection; reconnecting"
+            );
         }
         *link = None;
         let (connection, node) = self
