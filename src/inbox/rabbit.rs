@@ -327,9 +327,15 @@ where
                     Some(_) = in_hand.join_next(), if !in_hand.is_empty() => {}
                     delivery = current.deliveries.next() => match delivery {
                         Some(Ok(delivery)) => {
-                            let (this, work, stop) =
-                                (Arc::clone(&this), Arc::clone(&work), stop.clone());
-                            in_hand.spawn(async move { this.settle(delivery, &*work, &stop).await });
+                            let (this, work, stop, channel) = (
+                                Arc::clone(&this),
+                                Arc::clone(&work),
+                                stop.clone(),
+                                current.channel.clone(),
+                            );
+                            in_hand.spawn(async move {
+                                this.settle(delivery, &channel, &*work, &stop).await;
+                            });
                         }
                         Some(Err(error)) => {
                             tracing::warn!(queue = %this.queue, node = current.node,
@@ -366,8 +372,13 @@ where
     }
 
     /// Runs one delivery through the Inbox and answers the broker.
-    async fn settle<F, Fut, T, E>(&self, delivery: Delivery, work: &F, stop: &CancellationToken)
-    where
+    async fn settle<F, Fut, T, E>(
+        &self,
+        delivery: Delivery,
+        channel: &Channel,
+        work: &F,
+        stop: &CancellationToken,
+    ) where
         F: Fn(IdempotentTx<D>, Message) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
         E: fmt::Display,
@@ -403,7 +414,11 @@ where
                     (Answer::Reject, "invalid message id; rejected")
                 }
                 Err(InboxError::Store(_) | InboxError::Busy) => {
-                    // Not the message's fault: keep it in hand and try again.
+                    // Not the message's fault: keep it in hand and try again, as long as
+                    // its channel lives (else the broker delivers it again anyway).
+                    if !channel.status().connected() {
+                        return;
+                    }
                     tracing::warn!(queue = %self.queue, message_id = %message.id,
                         error = %outcome.as_ref().err().map(ToString::to_string).unwrap_or_default(),
                         "inbox unavailable; retrying the message");
