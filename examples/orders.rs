@@ -20,6 +20,10 @@
 //! curl -i -X POST localhost:3000/orders/ORD-1/pay -H 'Idempotency-Key: pay-1' -H 'X-User-Id: 1001'
 //! ```
 //!
+//! `AMQP_URL` may list a cluster's nodes separated by commas (the relay connects to the first
+//! that answers and moves on when its node fails); `QUEUE_TYPE=quorum` declares the queue as
+//! a quorum queue (default: a durable classic queue).
+//!
 //! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
 //! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.
 //!

@@ -7,6 +7,7 @@
 //! | [`lease`] | lease mode ([`IdempotentLease`](crate::IdempotentLease)) for side effects outside the database: the state machine, fencing tokens, recording the handler's result in the database |
 //! | [`inbox`] | the [`Inbox`](crate::Inbox) for message consumers: duplicates, failures, dead-lettering |
 //! | [`outbox`] | the transactional outbox: enqueueing in the handler's transaction, the relay, RabbitMQ, ordering, what is guaranteed, scheduled jobs |
+//! | [`rabbitmq_cluster`] | running with a RabbitMQ cluster: quorum queues, what a confirm guarantees, several addresses, a node failure step by step, why the Inbox is still required, `x-delivery-limit` and `max_attempts` |
 //! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling |
 //! | [`monitoring`] | the Grafana dashboard and Prometheus alerts shipped in `monitoring/`: wiring the recorder, importing the dashboard, loading the rules, and a runbook for every alert |
 //! | [`security`] | scopes, what is stored and what is not, encryption at rest, TLS to PostgreSQL |
@@ -22,6 +23,9 @@ pub mod inbox {}
 
 #[doc = include_str!("../docs/outbox.md")]
 pub mod outbox {}
+
+#[doc = include_str!("../docs/rabbitmq_cluster.md")]
+pub mod rabbitmq_cluster {}
 
 #[doc = include_str!("../docs/operations.md")]
 pub mod operations {}

@@ -1,6 +1,10 @@
 //! The orders examples' outbox relay: started when `AMQP_URL` is set, publishing the
 //! `payment-succeeded` messages of `POST /orders/{order_no}/pay` to RabbitMQ.
 
+#[cfg(feature = "rabbitmq")]
+#[path = "amqp.rs"]
+mod amqp;
+
 /// The queue paid orders are announced on: env `PAYMENTS_QUEUE`, default
 /// `payment-succeeded`.
 pub(crate) fn payments_queue() -> String {
@@ -21,30 +25,18 @@ where
 {
     use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
 
-    let Ok(amqp_url) = std::env::var("AMQP_URL") else {
+    if std::env::var_os("AMQP_URL").is_none() {
         println!("AMQP_URL not set: paid orders' messages wait in the outbox");
         return Ok(None);
-    };
+    }
+    // One URL, or a cluster's nodes separated by commas.
+    let urls = amqp::urls();
     let queue = payments_queue();
     // The queue outlives both sides: a message published before the consumer starts waits
-    // in it instead of being returned as unroutable.
-    let connection =
-        lapin::Connection::connect(&amqp_url, lapin::ConnectionProperties::default()).await?;
-    let channel = connection.create_channel().await?;
-    channel
-        .queue_declare(
-            queue.as_str().into(),
-            lapin::options::QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            lapin::types::FieldTable::default(),
-        )
-        .await?;
-    channel.close(200, "declared".into()).await?;
-    connection.close(200, "declared".into()).await?;
+    // in it instead of being returned as unroutable. A quorum queue with QUEUE_TYPE=quorum.
+    amqp::declare(&urls, &queue).await?;
     let mut relay =
-        OutboxRelay::new(pool, RabbitPublisher::new(amqp_url)).prepared_statements(prepared);
+        OutboxRelay::new(pool, RabbitPublisher::cluster(urls)).prepared_statements(prepared);
     // Behind a transaction-pooling PgBouncer (no prepared statements) LISTEN does not
     // work: poll alone.
     if prepared {

@@ -2,6 +2,8 @@
 //! outcomes and the completion rules, the stored-response codec, encryption at rest, the
 //! caches, front lines and the hot-key limiter in front of the database, and the metrics.
 
+#[cfg(feature = "rabbitmq")]
+pub(crate) mod amqp;
 pub(crate) mod cache;
 pub(crate) mod crypto;
 pub(crate) mod error;

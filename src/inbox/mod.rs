@@ -22,6 +22,9 @@ use crate::engine::shared_tx::SharedTx;
 use crate::engine::telemetry;
 
 mod outcome;
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbit;
 
 pub use self::outcome::{InboxError, Outcome};
 use crate::store::{IdempotentTx, InboxStore, IntoStore, Store};
@@ -199,7 +202,7 @@ impl<D: InboxStore> Inbox<D> {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
-        self.run(message_id, None, work).await
+        self.run(message_id, None, 0, work).await
     }
 
     /// Like [`process`](Self::process), and keeps the payload's SHA-256 digest in the record
@@ -216,7 +219,7 @@ impl<D: InboxStore> Inbox<D> {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
-        self.run(message_id, Some(payload), work).await
+        self.run(message_id, Some(payload), 0, work).await
     }
 
     /// Runs a scheduled job's `slot` once, however many schedulers fire it: the job name
@@ -259,13 +262,18 @@ impl<D: InboxStore> Inbox<D> {
         Fut: Future<Output = Result<T, E>>,
         E: fmt::Display,
     {
-        self.run(&format!("{job}@{slot}"), None, work).await
+        self.run(&format!("{job}@{slot}"), None, 0, work).await
     }
 
+    /// `delivered_before`: deliveries of this message the broker counted before this one
+    /// (a quorum queue's `x-delivery-count`). Those that ended without a recorded outcome
+    /// (the consumer died, its connection or node was lost) count as failed attempts, so a
+    /// message that kills its consumer is given up too.
     async fn run<F, Fut, T, E>(
         &self,
         message_id: &str,
         payload: Option<&[u8]>,
+        delivered_before: u32,
         work: F,
     ) -> Result<Outcome<T>, InboxError<E>>
     where
@@ -329,15 +337,19 @@ impl<D: InboxStore> Inbox<D> {
                 telemetry::inbox_message("duplicate");
                 return Ok(Outcome::Duplicate { attempts });
             }
-            if attempts >= config.max_attempts {
-                D::rollback(conn).await;
-                tracing::warn!(group = %config.group, message = %id, attempts, "gave up");
-                telemetry::inbox_message("gave_up");
-                return Ok(Outcome::GaveUp {
-                    attempts,
-                    last_error: record.last_error.clone(),
-                });
-            }
+        }
+        let recorded = record
+            .as_ref()
+            .map_or(0, |record| u32::try_from(record.attempts).unwrap_or(0));
+        let attempts = recorded.max(delivered_before);
+        if attempts >= config.max_attempts {
+            D::rollback(conn).await;
+            tracing::warn!(group = %config.group, message = %id, attempts, "gave up");
+            telemetry::inbox_message("gave_up");
+            return Ok(Outcome::GaveUp {
+                attempts,
+                last_error: record.as_ref().and_then(|record| record.last_error.clone()),
+            });
         }
         let prior_attempts = record.as_ref().map_or(0, |r| r.attempts);
 

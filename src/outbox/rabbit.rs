@@ -1,17 +1,27 @@
 //! [`RabbitPublisher`]: the relay's publisher for RabbitMQ (feature `rabbitmq`, lapin 4).
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
-use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Confirmation, Connection};
 use tokio::sync::Mutex;
 
 use super::{Outgoing, PublishError, Publisher};
+use crate::engine::amqp::Brokers;
+
+/// The connection name the broker shows for the relay's connection.
+const CONNECTION_NAME: &str = "axum-idempotency outbox relay";
 
 /// Publishes outbox messages to RabbitMQ with publisher confirms, as persistent messages
 /// whose AMQP `message_id` is the outbox id and whose routing key is the message's topic.
 ///
-/// It connects on first use and again after the connection or channel is lost. Messages
-/// are published `mandatory`, so one that no queue takes is returned and counts as refused
-/// instead of vanishing. With the default exchange (`""`) the topic is the queue's name.
+/// It connects on first use and again after the connection or channel is lost. Given the
+/// nodes of a cluster ([`cluster`](Self::cluster)), it connects to the first that answers
+/// and, when that node fails, to the next one that does; while no node answers the relay
+/// waits with no attempt counted, backing off up to its
+/// [`max_backoff`](super::OutboxRelay::max_backoff). A message is SENT only on a confirm
+/// from the node it was published to; one in flight when its node died is published again,
+/// with the same message id. Messages are published `mandatory`, so one that no queue takes
+/// is returned and counts as refused instead of vanishing. With the default exchange (`""`)
+/// the topic is the queue's name.
 ///
 /// | broker answer | to the relay |
 /// |---|---|
@@ -30,17 +40,49 @@ use super::{Outgoing, PublishError, Publisher};
 /// # }
 /// ```
 pub struct RabbitPublisher {
-    uri: String,
+    brokers: Brokers,
     exchange: String,
-    link: Mutex<Option<(Connection, Channel)>>,
+    link: Mutex<Option<Link>>,
+}
+
+/// The open connection, its shared channel, and the node (position in the list) it is to.
+struct Link {
+    connection: Connection,
+    channel: Channel,
+    node: usize,
 }
 
 impl RabbitPublisher {
     /// A publisher to the broker at `uri` (`amqp://user:password@host:port/vhost`), on the
     /// default exchange.
     pub fn new(uri: impl Into<String>) -> Self {
+        Self::cluster([uri.into()])
+    }
+
+    /// A publisher to a cluster: `uris` are its nodes' addresses, tried in order. It
+    /// connects to the first that answers and, when the node it is connected to fails,
+    /// moves on to the next one that answers (each attempt bounded by 5 seconds).
+    ///
+    /// ```no_run
+    /// use axum_idempotency::outbox::{OutboxRelay, RabbitPublisher};
+    ///
+    /// # async fn run(pool: deadpool_postgres::Pool) {
+    /// let publisher = RabbitPublisher::cluster([
+    ///     "amqp://guest:guest@rabbit-1:5672/%2f",
+    ///     "amqp://guest:guest@rabbit-2:5672/%2f",
+    ///     "amqp://guest:guest@rabbit-3:5672/%2f",
+    /// ]);
+    /// let relay = OutboxRelay::new(pool, publisher).spawn();
+    /// # relay.shutdown().await;
+    /// # }
+    /// ```
+    pub fn cluster<I, S>(uris: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
         Self {
-            uri: uri.into(),
+            brokers: Brokers::new(uris),
             exchange: String::new(),
             link: Mutex::new(None),
         }
@@ -57,25 +99,45 @@ impl RabbitPublisher {
     /// The open channel, or a new connection and channel with confirms on.
     async fn channel(&self) -> Result<Channel, PublishError> {
         let mut link = self.link.lock().await;
-        if let Some((connection, channel)) = link.as_mut() {
-            if connection.status().connected() {
-                if channel.status().connected() {
-                    return Ok(channel.clone());
+        if let Some(open) = link.as_mut() {
+            if open.connection.status().connected() {
+                if open.channel.status().connected() {
+                    return Ok(open.channel.clone());
                 }
                 // The channel closed over a refused message: open another on the connection.
-                if let Ok(reopened) = open_channel(connection).await {
-                    *channel = reopened.clone();
+                if let Ok(reopened) = open_channel(&open.connection).await {
+                    open.channel = reopened.clone();
                     return Ok(reopened);
                 }
             }
+            // Its node failed (or closed the connection): start with the next one.
+            self.brokers.failed(open.node);
+            tracing::info!(
+                node = open.node,
+                "outbox relay: lost its broker connection; reconnecting"
+            );
         }
-        let connection = Connection::connect(&self.uri, ConnectionProperties::default())
+        *link = None;
+        let (connection, node) = self
+            .brokers
+            .connect(CONNECTION_NAME)
             .await
             .map_err(PublishError::unavailable)?;
-        let channel = open_channel(&connection)
-            .await
-            .map_err(PublishError::unavailable)?;
-        *link = Some((connection, channel.clone()));
+        let channel = match open_channel(&connection).await {
+            Ok(channel) => channel,
+            Err(error) => {
+                self.brokers.failed(node);
+                return Err(PublishError::unavailable(error));
+            }
+        };
+        if self.brokers.len() > 1 {
+            tracing::info!(node, "outbox relay connected to broker node");
+        }
+        *link = Some(Link {
+            connection,
+            channel: channel.clone(),
+            node,
+        });
         Ok(channel)
     }
 }
@@ -109,10 +171,10 @@ impl RabbitPublisher {
     /// A channel with confirms on, on the open connection, for one message alone.
     async fn channel_of_its_own(&self) -> Result<Channel, PublishError> {
         let link = self.link.lock().await;
-        let Some((connection, _)) = link.as_ref() else {
+        let Some(open) = link.as_ref() else {
             return Err(PublishError::unavailable("no connection to the broker"));
         };
-        open_channel(connection)
+        open_channel(&open.connection)
             .await
             .map_err(PublishError::unavailable)
     }
@@ -184,6 +246,7 @@ impl Publisher for RabbitPublisher {
 impl std::fmt::Debug for RabbitPublisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RabbitPublisher")
+            .field("nodes", &self.brokers.len())
             .field("exchange", &self.exchange)
             .finish_non_exhaustive()
     }
