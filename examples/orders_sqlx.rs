@@ -10,6 +10,9 @@
 //!
 //! `PREPARED_STATEMENTS=false` (for a PgBouncer without prepared-statement support) sends
 //! the layer's statements and the handlers' unprepared.
+//!
+//! `ADMIN_PASSWORD` mounts the troubleshooting console at `/admin/` (user `admin`, feature
+//! `console`), as in `examples/orders.rs`.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -28,6 +31,8 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tower_http::trace::TraceLayer;
 
+#[path = "support/console.rs"]
+mod console;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -209,6 +214,7 @@ fn app(
     pool: PgPool,
     idempotency: IdempotencyLayer<SqlxStore>,
     metrics: PrometheusHandle,
+    console: Router,
 ) -> Router {
     Router::new()
         .route("/orders", post(create_order))
@@ -221,6 +227,7 @@ fn app(
             get(move || std::future::ready(metrics.render())),
         )
         .merge(openapi::router())
+        .merge(console)
         .layer(TraceLayer::new_for_http())
 }
 
@@ -367,7 +374,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "orders example listening on http://{}",
         listener.local_addr()?
     );
-    axum::serve(listener, app(pool, idempotency.clone(), metrics))
+    // ADMIN_PASSWORD: the troubleshooting console at /admin/.
+    let console = console::router(
+        axum_idempotency::Admin::new(pool.clone()).prepared_statements(prepared),
+        {
+            let metrics = metrics.clone();
+            move || metrics.render()
+        },
+    );
+    axum::serve(listener, app(pool, idempotency.clone(), metrics, console))
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     idempotency.drain().await;

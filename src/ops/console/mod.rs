@@ -590,7 +590,7 @@ where
     let message = form.get("message").unwrap_or_default();
     match inner.console.admin.reset_attempts(group, message).await {
         Ok(changed) => {
-            tracing::info!(user = %who, action = "reset_attempts", group, message, changed, "console action");
+            tracing::info!(user = %who, action = "reset_attempts", group, message_id = message, changed, "console action");
             done(format!("inbox?group={}", html::url(group)), changed)
         }
         Err(e) => failed(&e),
@@ -613,7 +613,7 @@ where
     let message = form.get("message").unwrap_or_default();
     match inner.console.admin.requeue_outbox(message).await {
         Ok(changed) => {
-            tracing::info!(user = %who, action = "requeue", message, changed, "console action");
+            tracing::info!(user = %who, action = "requeue", message_id = message, changed, "console action");
             done("outbox?state=parked".to_owned(), changed)
         }
         Err(e) => failed(&e),
