@@ -742,3 +742,179 @@ async fn scenario() {
     browser.screenshot("inbox").await;
     browser.session("DELETE", "", Value::Null).await;
 }
+
+/// The `Admin` operations behind the console's pages and actions, on every driver: keyset
+/// pages that neither skip nor repeat a row, and repairs fenced on what the page showed.
+async fn admin_pages_and_fenced_repairs<D: Driver>()
+where
+    D::Store: axum_idempotency::MaintenanceStore
+        + axum_idempotency::InboxStore
+        + axum_idempotency::OutboxStore,
+{
+    use axum_idempotency::{Admin, OutboxState};
+
+    let db = TestDb::new(2).await;
+    db.admin
+        .batch_execute(&format!(
+            "SET search_path = {schema};
+             INSERT INTO idempotency_records (id, scope, fingerprint, status, headers, body,
+                 expires_at, state, fencing_token, locked_until)
+             SELECT md5(i::text)::uuid, 's', '\\x00', 0, '', '', now() + interval '1 day',
+                    'PROCESSING', i, now() - i * interval '1 minute'
+             FROM generate_series(1, 5) AS i;
+             INSERT INTO inbox_messages (consumer_group, message_id, status, attempts,
+                 last_error, updated_at, expires_at)
+             SELECT 'g', 'm-' || i, 'FAILED', 5, 'boom', now() - i * interval '1 second',
+                    now() + interval '1 day'
+             FROM generate_series(1, 5) AS i;
+             INSERT INTO idempotency_outbox (message_id, topic, payload, state, attempts)
+             SELECT 'o-' || i, 't', '', 'FAILED', 10 FROM generate_series(1, 5) AS i;",
+            schema = db.schema
+        ))
+        .await
+        .unwrap();
+    let admin = Admin::new(D::pool(&db));
+
+    // Stale leases, the longest-expired first, two a page.
+    let mut tokens = Vec::new();
+    let mut after = None;
+    loop {
+        let page = admin.stale_page(after.as_deref(), 2).await.unwrap();
+        assert!(page.items.len() <= 2);
+        tokens.extend(page.items.iter().map(|r| r.fencing_token));
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(tokens, [5, 4, 3, 2, 1]);
+    let oldest = admin.stale_page(None, 1).await.unwrap().items.remove(0);
+    assert!(
+        !admin.release_lease(&oldest.id, 4).await.unwrap(),
+        "another token"
+    );
+    assert!(admin.release_lease(&oldest.id, 5).await.unwrap());
+    assert!(
+        !admin.release_lease(&oldest.id, 5).await.unwrap(),
+        "idempotent"
+    );
+    let released = admin.record(&oldest.id).await.unwrap().unwrap();
+    assert_eq!(
+        (released.state.as_str(), released.retryable),
+        ("FAILED", true)
+    );
+    assert!(!admin.delete_record(&oldest.id, 4).await.unwrap());
+    assert!(admin.delete_record(&oldest.id, 5).await.unwrap());
+    assert!(!admin.delete_record(&oldest.id, 5).await.unwrap());
+    assert_eq!(admin.record(&oldest.id).await.unwrap(), None);
+    assert!(matches!(
+        admin.release_lease("not-hex", 1).await,
+        Err(axum_idempotency::Error::InvalidArgument(_))
+    ));
+
+    // Failed messages, the most recent first; a reset is idempotent.
+    let first = admin.failed_page("g", None, 3).await.unwrap();
+    let second = admin
+        .failed_page("g", first.next.as_deref(), 3)
+        .await
+        .unwrap();
+    let ids: Vec<_> = first
+        .items
+        .iter()
+        .chain(&second.items)
+        .map(|m| m.message_id.as_str())
+        .collect();
+    assert_eq!(ids, ["m-1", "m-2", "m-3", "m-4", "m-5"]);
+    assert_eq!(second.next, None);
+    assert!(admin.reset_attempts("g", "m-1").await.unwrap());
+    assert!(!admin.reset_attempts("g", "m-1").await.unwrap());
+    assert_eq!(
+        admin
+            .inbox_message("g", "m-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .attempts,
+        0
+    );
+
+    // Parked outbox messages in commit order; the overview counts them all.
+    let first = admin
+        .outbox_page(OutboxState::Failed, None, 4)
+        .await
+        .unwrap();
+    let rest = admin
+        .outbox_page(OutboxState::Failed, first.next.as_deref(), 4)
+        .await
+        .unwrap();
+    assert_eq!(first.items.len() + rest.items.len(), 5);
+    assert_eq!(rest.next, None);
+    let overview = admin.overview(5).await.unwrap();
+    assert_eq!(
+        (overview.stale, overview.processing, overview.outbox_parked),
+        (4, 4, 5)
+    );
+    assert_eq!(overview.inbox.len(), 1);
+    assert_eq!(
+        (overview.inbox[0].failed, overview.inbox[0].given_up),
+        (5, 4)
+    );
+}
+
+for_each_driver! {
+    #[tokio::test] async admin_pages_and_fenced_repairs;
+}
+
+/// The sqlx example mounts the same console: 404 without `ADMIN_PASSWORD`; with it, 401
+/// without credentials, a key's page with them, and a POST without its session's token
+/// refused.
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlx_example_serves_the_console_behind_basic_auth() {
+    let get = |path: &str, auth: bool| {
+        let auth = if auth {
+            format!("authorization: {}\r\n", authorization())
+        } else {
+            String::new()
+        };
+        format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{auth}\r\n")
+    };
+    let db = TestDb::bare(1).await;
+    let url = schema_url(&db.schema);
+    {
+        let (_example, addr) = start_example("orders_sqlx", &[("DATABASE_URL", &url)]).await;
+        assert_eq!(http(&addr, &get("/admin/", true)).await.0, 404);
+    }
+    let (_example, addr) = start_example(
+        "orders_sqlx",
+        &[("DATABASE_URL", &url), ("ADMIN_PASSWORD", PASSWORD)],
+    )
+    .await;
+    assert_eq!(http(&addr, &post_order("sqlx-1", 10)).await.0, 201);
+    assert_eq!(http(&addr, &get("/admin/", false)).await.0, 401);
+    let (status, head, page) = http(&addr, &get("/admin/key?scope=1001&key=sqlx-1", true)).await;
+    assert_eq!(status, 200, "{head}");
+    assert!(page.contains("<td id=\"state\">SUCCESS</td>"), "{page}");
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.contains("content-security-policy: default-src 'none'"),
+        "{head}"
+    );
+    assert!(head.contains("x-content-type-options: nosniff"), "{head}");
+    let id = page
+        .split("name=\"id\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap()
+        .to_owned();
+    let forged = console_post(
+        "delete-record",
+        Some(&"a".repeat(64)),
+        &format!("csrf={}&id={id}&token=0", "0".repeat(64)),
+    );
+    let (status, _, problem) = http(&addr, &forged).await;
+    assert_eq!(status, 403, "{problem}");
+    assert!(problem.contains("CSRF"), "{problem}");
+    let (_, _, page) = http(&addr, &get("/admin/key?scope=1001&key=sqlx-1", true)).await;
+    assert!(page.contains("SUCCESS"), "nothing changed: {page}");
+}
