@@ -46,6 +46,8 @@ pub(crate) fn router<A>(_admin: A, _metrics: impl Fn() -> String) -> Router {
 /// carries the user as its [`ConsoleUser`](axum_idempotency::ConsoleUser), for the
 /// console's log of actions.
 #[cfg_attr(not(feature = "console"), allow(dead_code))]
+// tower-http's validator answers with the refusal itself, a whole `Response`.
+#[allow(clippy::result_large_err)]
 fn basic_auth(
     user: &str,
     password: &str,

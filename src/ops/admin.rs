@@ -295,6 +295,14 @@ impl<D: MaintenanceStore> Admin<D> {
     }
 
     /// The record with id `id` (as [`RecordInfo::id`] shows it).
+    ///
+    /// ```no_run
+    /// # async fn run(admin: axum_idempotency::Admin<axum_idempotency::postgres::PgStore>) -> Result<(), axum_idempotency::Error> {
+    /// if let Some(record) = admin.record("2a5a1ada11a9b76e26741e99bb58bb98").await? {
+    ///     println!("{} since {:?}", record.state, record.updated_at);
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub async fn record(&self, id: &str) -> Result<Option<RecordInfo>, Error> {
         self.store.record_info(record_id(id)?).await
     }

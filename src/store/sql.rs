@@ -276,13 +276,13 @@ pub(crate) const ADMIN_FAILED_MESSAGES: &str = select_message!(
      ORDER BY updated_at DESC, message_id LIMIT $2"
 );
 
-/// A cursor's microseconds since the epoch as a `timestamptz` (exact: no float between).
+/// A cursor's microseconds since the epoch as a `timestamptz` (exact: integers below 2^53).
 macro_rules! micros {
     ($param:literal) => {
         concat!(
             "(timestamptz 'epoch' + ",
             $param,
-            " * interval '1 microsecond')"
+            "::int8 * interval '1 microsecond')"
         )
     };
 }

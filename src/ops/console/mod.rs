@@ -89,6 +89,12 @@ where
     /// A console over `admin`. Give `admin` the layer's body keys
     /// ([`Admin::body_keys`]) and "show body" shows encrypted bodies decrypted; without
     /// them they are marked redacted.
+    ///
+    /// ```no_run
+    /// # fn run(pool: deadpool_postgres::Pool) {
+    /// let console = axum_idempotency::Console::new(axum_idempotency::Admin::new(pool));
+    /// # }
+    /// ```
     pub fn new(admin: Admin<D>) -> Self {
         Self {
             admin,
@@ -129,6 +135,12 @@ where
 
     /// The console's routes, to [`nest`](Router::nest) under a prefix of the
     /// application's, behind its authentication.
+    ///
+    /// ```no_run
+    /// # fn run(console: axum_idempotency::Console<axum_idempotency::postgres::PgStore>) {
+    /// let app: axum::Router = axum::Router::new().nest("/ops/console/", console.into_router());
+    /// # }
+    /// ```
     pub fn into_router(self) -> Router {
         let state = Arc::new(Inner {
             console: self,
@@ -420,7 +432,7 @@ fn action<D: MaintenanceStore>(
     inner: &Inner<D>,
     request: Request<()>,
     body: Bytes,
-) -> Result<Action, Response> {
+) -> Result<Action, Refused> {
     let (parts, ()) = request.into_parts();
     let form = Form::parse(&body);
     let valid = match (csrf::session(&parts.headers), form.get("csrf")) {
@@ -429,7 +441,7 @@ fn action<D: MaintenanceStore>(
     };
     if !valid {
         tracing::warn!("console: a POST without its session's CSRF token was refused");
-        return Err(problem(
+        return Err((
             StatusCode::FORBIDDEN,
             "the form's CSRF token is missing or not this session's; reload the page and try again",
         ));
@@ -468,11 +480,14 @@ fn record_back(form: &Form) -> String {
     }
 }
 
-fn token(form: &Form) -> Result<i64, Response> {
+fn token(form: &Form) -> Result<i64, Refused> {
     form.get("token")
         .and_then(|t| t.parse().ok())
-        .ok_or_else(|| problem(StatusCode::BAD_REQUEST, "the form has no fencing token"))
+        .ok_or((StatusCode::BAD_REQUEST, "the form has no fencing token"))
 }
+
+/// Why a POST is refused: its status and the problem's detail.
+type Refused = (StatusCode, &'static str);
 
 fn split_request(request: Request) -> (Request<()>, Body) {
     let (parts, body) = request.into_parts();
@@ -499,11 +514,11 @@ where
     };
     let Action { form, who } = match action(&inner, request, bytes) {
         Ok(action) => action,
-        Err(response) => return response,
+        Err((status, detail)) => return problem(status, detail),
     };
     let token = match token(&form) {
         Ok(token) => token,
-        Err(response) => return response,
+        Err((status, detail)) => return problem(status, detail),
     };
     let id = form.get("id").unwrap_or_default();
     match inner.console.admin.release_lease(id, token).await {
@@ -526,7 +541,7 @@ where
     };
     let Action { form, who } = match action(&inner, request, bytes) {
         Ok(action) => action,
-        Err(response) => return response,
+        Err((status, detail)) => return problem(status, detail),
     };
     let mut released = 0;
     let mut shown = 0;
@@ -557,11 +572,11 @@ where
     };
     let Action { form, who } = match action(&inner, request, bytes) {
         Ok(action) => action,
-        Err(response) => return response,
+        Err((status, detail)) => return problem(status, detail),
     };
     let token = match token(&form) {
         Ok(token) => token,
-        Err(response) => return response,
+        Err((status, detail)) => return problem(status, detail),
     };
     let id = form.get("id").unwrap_or_default();
     match inner.console.admin.delete_record(id, token).await {
@@ -584,7 +599,7 @@ where
     };
     let Action { form, who } = match action(&inner, request, bytes) {
         Ok(action) => action,
-        Err(response) => return response,
+        Err((status, detail)) => return problem(status, detail),
     };
     let group = form.get("group").unwrap_or_default();
     let message = form.get("message").unwrap_or_default();
@@ -608,7 +623,7 @@ where
     };
     let Action { form, who } = match action(&inner, request, bytes) {
         Ok(action) => action,
-        Err(response) => return response,
+        Err((status, detail)) => return problem(status, detail),
     };
     let message = form.get("message").unwrap_or_default();
     match inner.console.admin.requeue_outbox(message).await {
