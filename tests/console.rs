@@ -471,6 +471,16 @@ async fn scenario() {
     };
     let db = TestDb::bare(2).await;
     axum_idempotency::migrate(&db.pool).await.unwrap();
+    // A message its consumer gave up on after five failed attempts.
+    db.admin
+        .batch_execute(&format!(
+            "INSERT INTO {}.inbox_messages (consumer_group, message_id, status, attempts, \
+             last_error, expires_at) VALUES ('coupon-service', 'msg-9', 'FAILED', 5, \
+             'coupon service: <b>timeout</b>', now() + interval '1 day')",
+            db.schema
+        ))
+        .await
+        .unwrap();
 
     // A message the broker refuses (no queue takes its topic), parked after one attempt
     // by a relay of this test, before the example's relay runs.
@@ -738,8 +748,33 @@ async fn scenario() {
     .await;
     browser.go(&format!("{base}outbox")).await;
     browser.screenshot("outbox-pending").await;
+
+    // The given-up message: listed per group, its attempts reset so the next delivery
+    // runs the work again.
     browser.go(&format!("{base}inbox")).await;
     browser.screenshot("inbox").await;
+    browser.click("a[href='inbox?group=coupon-service']").await;
+    let messages = browser.text("#messages").await;
+    assert!(
+        messages.contains("msg-9") && messages.contains("given up"),
+        "{messages}"
+    );
+    assert!(
+        messages.contains("<b>timeout</b>"),
+        "the error as text: {messages}"
+    );
+    browser.screenshot("inbox-group").await;
+    browser.click("#messages button").await;
+    assert!(browser.text("main").await.contains("Done."));
+    assert_eq!(
+        scalar_text(
+            &db,
+            "SELECT attempts::text FROM {schema}.inbox_messages WHERE message_id = 'msg-9'"
+        )
+        .await
+        .as_deref(),
+        Some("0")
+    );
     browser.session("DELETE", "", Value::Null).await;
 }
 
