@@ -23,6 +23,10 @@
 //! `AMQP_URL` may list a cluster's nodes separated by commas (the relay connects to the first
 //! that answers and moves on when its node fails); `QUEUE_TYPE=quorum` declares the queue as
 //! a quorum queue (default: a durable classic queue).
+//! With `ADMIN_PASSWORD` set (and feature `console`), the troubleshooting console is at
+//! `/admin/`, behind HTTP Basic authentication as user `admin` with that password:
+//! `ADMIN_PASSWORD=secret cargo run --example orders --features console`, then open
+//! <http://admin:secret@localhost:3000/admin/>. Without it, `/admin/` is 404.
 //!
 //! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
 //! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.
@@ -54,6 +58,8 @@ use tower_http::trace::TraceLayer;
 mod errors;
 #[path = "support/json.rs"]
 mod json;
+#[path = "support/console.rs"]
+mod console;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -238,7 +244,12 @@ async fn get_order(
 }
 
 /// The application: the idempotent routes under the layer, `/metrics` beside them.
-fn app(pool: Pool, idempotency: IdempotencyLayer<PgStore>, metrics: PrometheusHandle) -> Router {
+fn app(
+    pool: Pool,
+    idempotency: IdempotencyLayer<PgStore>,
+    metrics: PrometheusHandle,
+    console: Router,
+) -> Router {
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{order_no}", get(get_order))
@@ -250,6 +261,7 @@ fn app(pool: Pool, idempotency: IdempotencyLayer<PgStore>, metrics: PrometheusHa
             get(move || std::future::ready(metrics.render())),
         )
         .merge(openapi::router())
+        .merge(console)
         .layer(TraceLayer::new_for_http())
 }
 
@@ -398,7 +410,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "orders example listening on http://{}",
         listener.local_addr()?
     );
-    axum::serve(listener, app(pool, idempotency.clone(), metrics))
+    // ADMIN_PASSWORD: the troubleshooting console at /admin/.
+    let console = console::router(
+        axum_idempotency::Admin::new(pool.clone()).prepared_statements(prepared),
+        {
+            let metrics = metrics.clone();
+            move || metrics.render()
+        },
+    );
+    axum::serve(listener, app(pool, idempotency.clone(), metrics, console))
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     idempotency.drain().await;

@@ -10,6 +10,9 @@
 //!
 //! `PREPARED_STATEMENTS=false` (for a PgBouncer without prepared-statement support) sends
 //! the layer's statements and the handlers' unprepared.
+//!
+//! `ADMIN_PASSWORD` mounts the troubleshooting console at `/admin/` (user `admin`, feature
+//! `console`), as in `examples/orders.rs`.
 
 use std::net::SocketAddr;
 use std::sync::OnceLock;
@@ -32,6 +35,8 @@ use tower_http::trace::TraceLayer;
 mod errors;
 #[path = "support/json.rs"]
 mod json;
+#[path = "support/console.rs"]
+mod console;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -206,6 +211,7 @@ fn app(
     pool: PgPool,
     idempotency: IdempotencyLayer<SqlxStore>,
     metrics: PrometheusHandle,
+    console: Router,
 ) -> Router {
     Router::new()
         .route("/orders", post(create_order))
@@ -218,6 +224,7 @@ fn app(
             get(move || std::future::ready(metrics.render())),
         )
         .merge(openapi::router())
+        .merge(console)
         .layer(TraceLayer::new_for_http())
 }
 
@@ -364,7 +371,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         "orders example listening on http://{}",
         listener.local_addr()?
     );
-    axum::serve(listener, app(pool, idempotency.clone(), metrics))
+    // ADMIN_PASSWORD: the troubleshooting console at /admin/.
+    let console = console::router(
+        axum_idempotency::Admin::new(pool.clone()).prepared_statements(prepared),
+        {
+            let metrics = metrics.clone();
+            move || metrics.render()
+        },
+    );
+    axum::serve(listener, app(pool, idempotency.clone(), metrics, console))
         .with_graceful_shutdown(shutdown_signal())
         .await?;
     idempotency.drain().await;

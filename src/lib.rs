@@ -76,12 +76,18 @@ pub use crate::engine::key::{
     IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use crate::engine::policy::StoreDecision;
-pub use crate::engine::view::{MessageInfo, OutboxInfo, OutboxState, RecordInfo};
+pub use crate::engine::view::{
+    InboxFailures, MessageInfo, OutboxInfo, OutboxState, Overview, Page, RecordInfo, ResponseBody,
+    StoredResponse,
+};
 pub use crate::http::lease::IdempotentLease;
 pub use crate::http::rejection::{Rejection, RejectionKind};
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError};
 pub use crate::ops::admin::Admin;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub use crate::ops::console::{Console, ConsoleUser};
 pub use crate::ops::sweeper::{SweepReport, Sweeper, SweeperHandle};
 pub use crate::store::{
     IdempotentTx, InboxStore, IntoStore, LeaseStore, MaintenanceStore, OutboxStore, Store,

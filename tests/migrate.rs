@@ -33,10 +33,10 @@ async fn concurrent_migrations_apply_each_version_once<D: Driver>() {
     for run in runs {
         run.await.unwrap().unwrap();
     }
-    assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6, 7, 8]);
     // Running it again is a no-op.
     axum_idempotency::migrate(&D::pool(&db)).await.unwrap();
-    assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6, 7, 8]);
 }
 
 async fn a_database_at_version_one_is_upgraded_in_place<D: Driver>() {
@@ -59,7 +59,7 @@ async fn a_database_at_version_one_is_upgraded_in_place<D: Driver>() {
         .unwrap();
     drop(client);
     axum_idempotency::migrate(&D::pool(&db)).await.unwrap();
-    assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(versions(&db).await, vec![1, 2, 3, 4, 5, 6, 7, 8]);
     let row = db
         .admin
         .query_one(
@@ -92,7 +92,7 @@ async fn a_newer_schema_is_refused<D: Driver>() {
     match axum_idempotency::migrate(&D::pool(&db)).await {
         Err(Error::UnknownSchemaVersion {
             found: 99,
-            known: 7,
+            known: 8,
         }) => {}
         other => panic!("expected UnknownSchemaVersion, got {other:?}"),
     }

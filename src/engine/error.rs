@@ -61,6 +61,10 @@ pub enum Error {
     /// A key given to [`Admin::lookup`](crate::Admin::lookup) is not a valid
     /// `Idempotency-Key` value.
     InvalidKey(crate::engine::key::KeyError),
+    /// An argument given to an [`Admin`](crate::Admin) method is not one it takes: a
+    /// record id that is not 32 hex digits, a page cursor it did not hand out, a list it
+    /// does not page. Says which.
+    InvalidArgument(&'static str),
     /// An [`OutboxMessage`](crate::outbox::OutboxMessage) was refused before it reached
     /// the database (see [`MessageError`](crate::outbox::MessageError)).
     InvalidMessage(crate::engine::outbox::MessageError),
@@ -229,6 +233,7 @@ impl fmt::Display for Error {
                  newer than the {known} this version of axum-idempotency knows"
             ),
             Self::InvalidKey(_) => f.write_str("invalid idempotency key"),
+            Self::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
             Self::InvalidMessage(_) => f.write_str("invalid outbox message"),
             Self::Encryption(_) => f.write_str("encryption at rest failed"),
         }

@@ -204,6 +204,19 @@ impl RecordId {
         hex(&self.0)
     }
 
+    /// The id as it is shown: 32 hex digits.
+    pub(crate) fn from_hex(hex: &str) -> Option<Self> {
+        let digits: Vec<u32> = hex.chars().map(|c| c.to_digit(16)).collect::<Option<_>>()?;
+        if digits.len() != 32 {
+            return None;
+        }
+        let mut id = [0; 16];
+        for (byte, pair) in id.iter_mut().zip(digits.chunks_exact(2)) {
+            *byte = u8::try_from(pair[0] * 16 + pair[1]).ok()?;
+        }
+        Some(Self(id))
+    }
+
     /// The 16 bytes, as bound to a `uuid` parameter.
     pub(crate) fn as_bytes(&self) -> &[u8; 16] {
         &self.0

@@ -321,6 +321,14 @@ pub struct Backlog {
     pub(crate) oldest_seconds: Option<f64>,
 }
 
+/// A record's stored response as read for the operator: headers, body, body key id.
+#[derive(Debug, Clone, Default)]
+pub struct StoredRow {
+    pub(crate) headers: Vec<u8>,
+    pub(crate) body: Vec<u8>,
+    pub(crate) body_key_id: Option<i16>,
+}
+
 /// Encodes kept headers as length-prefixed (name, value) pairs.
 pub(crate) fn encode_headers<'a>(
     headers: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,

@@ -112,6 +112,98 @@ impl OutboxState {
     }
 }
 
+/// One page of a list that [`Admin`](crate::Admin) pages through: its rows and, when more
+/// follow, the cursor that starts the next page.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Page<T> {
+    /// The rows of this page, at most the limit asked for.
+    pub items: Vec<T>,
+    /// Pass it as `after` to get the next page; `None` on the last page.
+    pub next: Option<String>,
+}
+
+impl<T> Page<T> {
+    /// A page of `limit` asked for, from `rows` of up to `limit + 1` (each with its cursor):
+    /// an extra row means another page follows.
+    pub(crate) fn from_rows(mut rows: Vec<(T, String)>, limit: usize) -> Self {
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next = if more {
+            rows.last().map(|(_, cursor)| cursor.clone())
+        } else {
+            None
+        };
+        Self {
+            items: rows.into_iter().map(|(item, _)| item).collect(),
+            next,
+        }
+    }
+}
+
+/// The counts on the console's overview, as [`Admin::overview`](crate::Admin::overview)
+/// reads them: each from an index, none from a scan of a table.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Overview {
+    /// All records, the planner's estimate (as of the table's last `ANALYZE`).
+    pub records_estimate: i64,
+    /// PROCESSING records (lease mode), live leases and stale ones.
+    pub processing: i64,
+    /// FAILED records (lease mode).
+    pub failed: i64,
+    /// PROCESSING records whose lease has run out.
+    pub stale: i64,
+    /// Seconds since the oldest stale lease ran out.
+    pub stale_oldest_seconds: Option<f64>,
+    /// Outbox messages waiting for a relay.
+    pub outbox_pending: i64,
+    /// Seconds the oldest pending outbox message has waited.
+    pub outbox_oldest_pending_seconds: Option<f64>,
+    /// Outbox messages parked after the broker refused them.
+    pub outbox_parked: i64,
+    /// Consumer groups with FAILED inbox messages (at most 100).
+    pub inbox: Vec<InboxFailures>,
+}
+
+/// One consumer group's failed inbox messages, on the [`Overview`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InboxFailures {
+    /// The consumer group.
+    pub consumer_group: String,
+    /// Its FAILED messages.
+    pub failed: i64,
+    /// Those of them at the give-up threshold or past it: the next delivery does not run
+    /// the work again until their attempts are reset.
+    pub given_up: i64,
+}
+
+/// A record's stored response, as [`Admin::response`](crate::Admin::response) reads it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StoredResponse {
+    /// The response headers the layer kept.
+    pub headers: http::HeaderMap,
+    /// The body.
+    pub body: ResponseBody,
+}
+
+/// A stored response body: readable, or sealed under a key this view was not given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResponseBody {
+    /// The body as the client received it (decrypted, if it was stored encrypted).
+    Plain(bytes::Bytes),
+    /// Encrypted at rest under the key id, and no key for it was given: redacted.
+    Sealed {
+        /// The id of the key that sealed it.
+        key_id: i16,
+        /// The sealed size in bytes.
+        len: usize,
+    },
+}
+
 /// A time the database sent as seconds since the Unix epoch.
 pub(crate) fn epoch(seconds: f64) -> SystemTime {
     match std::time::Duration::try_from_secs_f64(seconds.abs()) {

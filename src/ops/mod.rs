@@ -3,4 +3,6 @@
 //! expired rows and reports stuck leases.
 
 pub(crate) mod admin;
+#[cfg(feature = "console")]
+pub(crate) mod console;
 pub(crate) mod sweeper;

@@ -264,6 +264,18 @@ impl PgStore {
         Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
     }
 
+    /// Runs one statement on a connection of its own; the rows it affected.
+    pub(crate) async fn execute(
+        &self,
+        sql: &'static Sql,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, Error> {
+        let conn = self.checkout().await?;
+        let db = self.db(&*conn);
+        let statement = db.prepare(sql).await?;
+        Ok(db.execute(&statement, params).await?)
+    }
+
     /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
     pub(crate) async fn backlog(&self, sql: &'static Sql) -> Result<Backlog, Error> {
         let mut rows = self

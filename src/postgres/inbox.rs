@@ -11,7 +11,7 @@ use super::statement::{self, Db};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
-use crate::engine::view::MessageInfo;
+use crate::engine::view::{InboxFailures, MessageInfo};
 use crate::store::{InboxStore, rows, sql};
 
 impl InboxStore for PgStore {
@@ -139,6 +139,35 @@ impl InboxStore for PgStore {
             rows::message_info,
         )
         .await
+    }
+
+    async fn failed_page(
+        &self,
+        group: &str,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<(MessageInfo, i64)>, Error> {
+        self.rows(
+            &statement::ADMIN_FAILED_PAGE,
+            &[&group, &after.0, &after.1, &limit],
+            rows::failed_row,
+        )
+        .await
+    }
+
+    async fn failed_groups(&self, give_up: i32, limit: i64) -> Result<Vec<InboxFailures>, Error> {
+        self.rows(
+            &statement::ADMIN_FAILED_GROUPS,
+            &[&give_up, &limit],
+            rows::inbox_failures,
+        )
+        .await
+    }
+
+    async fn inbox_reset(&self, group: &str, message_id: &str) -> Result<bool, Error> {
+        self.execute(&statement::ADMIN_RESET_INBOX, &[&group, &message_id])
+            .await
+            .map(|n| n == 1)
     }
 }
 

@@ -5,7 +5,7 @@ use super::PgStore;
 use super::statement;
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Backlog, SweepBatch};
+use crate::engine::record::{Backlog, StoredRow, SweepBatch};
 use crate::engine::view::RecordInfo;
 use crate::store::{MaintenanceStore, rows};
 
@@ -57,5 +57,45 @@ impl MaintenanceStore for PgStore {
     async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
         self.rows(&statement::ADMIN_STALE, &[&limit], rows::record_info)
             .await
+    }
+
+    async fn stale_page(
+        &self,
+        after: (i64, RecordId),
+        limit: i64,
+    ) -> Result<Vec<(RecordInfo, i64)>, Error> {
+        self.rows(
+            &statement::ADMIN_STALE_PAGE,
+            &[&after.0, &after.1, &limit],
+            rows::stale_row,
+        )
+        .await
+    }
+
+    async fn record_response(&self, id: RecordId) -> Result<Option<StoredRow>, Error> {
+        Ok(self
+            .rows(&statement::ADMIN_RECORD_RESPONSE, &[&id], rows::stored_row)
+            .await?
+            .pop())
+    }
+
+    async fn release_lease(&self, id: RecordId, token: i64) -> Result<bool, Error> {
+        self.execute(&statement::ADMIN_RELEASE_LEASE, &[&id, &token])
+            .await
+            .map(|n| n == 1)
+    }
+
+    async fn delete_record(&self, id: RecordId, token: i64) -> Result<bool, Error> {
+        self.execute(&statement::ADMIN_DELETE_RECORD, &[&id, &token])
+            .await
+            .map(|n| n == 1)
+    }
+
+    async fn record_counts(&self) -> Result<[i64; 3], Error> {
+        Ok(self
+            .rows(&statement::ADMIN_RECORD_COUNTS, &[], rows::record_counts)
+            .await?
+            .pop()
+            .unwrap_or_default())
     }
 }

@@ -185,6 +185,24 @@ impl OutboxStore for PgStore {
     async fn outbox_pending(&self) -> Result<Backlog, Error> {
         self.backlog(&statement::OUTBOX_PENDING).await
     }
+
+    async fn outbox_page(
+        &self,
+        parked: bool,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<OutboxInfo>, Error> {
+        let sql = if parked {
+            &statement::ADMIN_OUTBOX_PARKED_PAGE
+        } else {
+            &statement::ADMIN_OUTBOX_PENDING_PAGE
+        };
+        self.rows(sql, &[&after, &limit], rows::outbox_info).await
+    }
+
+    async fn outbox_parked(&self) -> Result<Backlog, Error> {
+        self.backlog(&statement::OUTBOX_PARKED).await
+    }
 }
 
 fn outgoing(row: &Row) -> Result<Outgoing, tokio_postgres::Error> {

@@ -203,6 +203,50 @@ pub(crate) const ADMIN_REQUEUE_OUTBOX: Sql = Sql {
     text: sql::ADMIN_REQUEUE_OUTBOX,
     types: &[Type::TEXT],
 };
+pub(crate) const ADMIN_STALE_PAGE: Sql = Sql {
+    text: sql::ADMIN_STALE_PAGE,
+    types: &[Type::INT8, Type::UUID, Type::INT8],
+};
+pub(crate) const ADMIN_RECORD_RESPONSE: Sql = Sql {
+    text: sql::ADMIN_RECORD_RESPONSE,
+    types: &[Type::UUID],
+};
+pub(crate) const ADMIN_RELEASE_LEASE: Sql = Sql {
+    text: sql::ADMIN_RELEASE_LEASE,
+    types: &[Type::UUID, Type::INT8],
+};
+pub(crate) const ADMIN_DELETE_RECORD: Sql = Sql {
+    text: sql::ADMIN_DELETE_RECORD,
+    types: &[Type::UUID, Type::INT8],
+};
+pub(crate) const ADMIN_RECORD_COUNTS: Sql = Sql {
+    text: sql::ADMIN_RECORD_COUNTS,
+    types: &[],
+};
+pub(crate) const ADMIN_FAILED_PAGE: Sql = Sql {
+    text: sql::ADMIN_FAILED_PAGE,
+    types: &[Type::TEXT, Type::INT8, Type::TEXT, Type::INT8],
+};
+pub(crate) const ADMIN_FAILED_GROUPS: Sql = Sql {
+    text: sql::ADMIN_FAILED_GROUPS,
+    types: &[Type::INT4, Type::INT8],
+};
+pub(crate) const ADMIN_RESET_INBOX: Sql = Sql {
+    text: sql::ADMIN_RESET_INBOX,
+    types: &[Type::TEXT, Type::TEXT],
+};
+pub(crate) const ADMIN_OUTBOX_PENDING_PAGE: Sql = Sql {
+    text: sql::ADMIN_OUTBOX_PENDING_PAGE,
+    types: &[Type::INT8, Type::INT8],
+};
+pub(crate) const ADMIN_OUTBOX_PARKED_PAGE: Sql = Sql {
+    text: sql::ADMIN_OUTBOX_PARKED_PAGE,
+    types: &[Type::INT8, Type::INT8],
+};
+pub(crate) const OUTBOX_PARKED: Sql = Sql {
+    text: sql::OUTBOX_PARKED,
+    types: &[],
+};
 
 /// Every statement above, for the check of their declared parameter types.
 #[cfg(test)]
@@ -238,6 +282,17 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
     &OUTBOX_PENDING,
     &ADMIN_OUTBOX,
     &ADMIN_REQUEUE_OUTBOX,
+    &ADMIN_STALE_PAGE,
+    &ADMIN_RECORD_RESPONSE,
+    &ADMIN_RELEASE_LEASE,
+    &ADMIN_DELETE_RECORD,
+    &ADMIN_RECORD_COUNTS,
+    &ADMIN_FAILED_PAGE,
+    &ADMIN_FAILED_GROUPS,
+    &ADMIN_RESET_INBOX,
+    &ADMIN_OUTBOX_PENDING_PAGE,
+    &ADMIN_OUTBOX_PARKED_PAGE,
+    &OUTBOX_PARKED,
 ];
 
 /// A statement ready to run on one connection: prepared and cached, or to be sent as an
@@ -409,7 +464,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 29);
+        assert_eq!(checked, 40);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await

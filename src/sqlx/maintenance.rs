@@ -6,7 +6,7 @@ use ::sqlx::Row;
 use super::SqlxStore;
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Backlog, SweepBatch};
+use crate::engine::record::{Backlog, StoredRow, SweepBatch};
 use crate::engine::view::RecordInfo;
 use crate::store::{MaintenanceStore, rows, sql};
 
@@ -56,5 +56,52 @@ impl MaintenanceStore for SqlxStore {
     async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
         self.rows(self.query(sql::ADMIN_STALE).bind(limit), rows::record_info)
             .await
+    }
+
+    async fn stale_page(
+        &self,
+        after: (i64, RecordId),
+        limit: i64,
+    ) -> Result<Vec<(RecordInfo, i64)>, Error> {
+        let query = self
+            .query(sql::ADMIN_STALE_PAGE)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(limit);
+        self.rows(query, rows::stale_row).await
+    }
+
+    async fn record_response(&self, id: RecordId) -> Result<Option<StoredRow>, Error> {
+        let query = self.query(sql::ADMIN_RECORD_RESPONSE).bind(id);
+        Ok(self.rows(query, rows::stored_row).await?.pop())
+    }
+
+    async fn release_lease(&self, id: RecordId, token: i64) -> Result<bool, Error> {
+        let done = self
+            .query(sql::ADMIN_RELEASE_LEASE)
+            .bind(id)
+            .bind(token)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_record(&self, id: RecordId, token: i64) -> Result<bool, Error> {
+        let done = self
+            .query(sql::ADMIN_DELETE_RECORD)
+            .bind(id)
+            .bind(token)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn record_counts(&self) -> Result<[i64; 3], Error> {
+        let query = self.query(sql::ADMIN_RECORD_COUNTS);
+        Ok(self
+            .rows(query, rows::record_counts)
+            .await?
+            .pop()
+            .unwrap_or_default())
     }
 }

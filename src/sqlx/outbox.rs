@@ -103,6 +103,25 @@ impl OutboxStore for SqlxStore {
     async fn outbox_pending(&self) -> Result<Backlog, Error> {
         self.backlog(sql::OUTBOX_PENDING).await
     }
+
+    async fn outbox_page(
+        &self,
+        parked: bool,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<OutboxInfo>, Error> {
+        let sql = if parked {
+            sql::ADMIN_OUTBOX_PARKED_PAGE
+        } else {
+            sql::ADMIN_OUTBOX_PENDING_PAGE
+        };
+        let query = self.query(sql).bind(after).bind(limit);
+        self.rows(query, rows::outbox_info).await
+    }
+
+    async fn outbox_parked(&self) -> Result<Backlog, Error> {
+        self.backlog(sql::OUTBOX_PARKED).await
+    }
 }
 
 /// Enqueues `message` through `executor`; see [`crate::sqlx::enqueue`].

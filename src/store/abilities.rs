@@ -10,9 +10,9 @@ use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement};
 use crate::engine::record::{
-    Backlog, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord, SweepBatch,
+    Backlog, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord, StoredRow, SweepBatch,
 };
-use crate::engine::view::{MessageInfo, OutboxInfo, RecordInfo};
+use crate::engine::view::{InboxFailures, MessageInfo, OutboxInfo, RecordInfo};
 
 /// Lease mode ([`IdempotentLease`](crate::IdempotentLease)): a PROCESSING record committed
 /// before the handler runs, and its fenced completion. The layer asks for it, since any
@@ -90,6 +90,32 @@ pub trait InboxStore: Store {
         group: &str,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<MessageInfo>, Error>> + Send;
+
+    /// A page of a group's FAILED messages after the cursor (`updated_at` in microseconds
+    /// since the epoch, message id), each with its own cursor.
+    #[doc(hidden)]
+    fn failed_page(
+        &self,
+        group: &str,
+        after: (i64, &str),
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<(MessageInfo, i64)>, Error>> + Send;
+
+    /// The groups with FAILED messages, with those at `give_up` attempts or more.
+    #[doc(hidden)]
+    fn failed_groups(
+        &self,
+        give_up: i32,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<InboxFailures>, Error>> + Send;
+
+    /// Resets a FAILED message's attempts; whether it had any.
+    #[doc(hidden)]
+    fn inbox_reset(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
 }
 
 /// The transactional outbox: the enqueue in a handler's transaction
@@ -134,6 +160,19 @@ pub trait OutboxStore: Store {
     /// Puts a parked message back in the queue; whether one was parked under that id.
     #[doc(hidden)]
     fn outbox_requeue(&self, message_id: &str) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// A page of PENDING (`parked == false`) or FAILED messages after seq `after`.
+    #[doc(hidden)]
+    fn outbox_page(
+        &self,
+        parked: bool,
+        after: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send;
+
+    /// Parked messages, and the age of the oldest.
+    #[doc(hidden)]
+    fn outbox_parked(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
 }
 
 /// Maintenance of the idempotency records: the [`Sweeper`](crate::Sweeper)'s batches and
@@ -161,4 +200,40 @@ pub trait MaintenanceStore: Store {
         &self,
         limit: i64,
     ) -> impl Future<Output = Result<Vec<RecordInfo>, Error>> + Send;
+
+    /// A page of stale leases after the cursor (`locked_until` in microseconds since the
+    /// epoch, id), each with its own cursor.
+    #[doc(hidden)]
+    fn stale_page(
+        &self,
+        after: (i64, RecordId),
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<(RecordInfo, i64)>, Error>> + Send;
+
+    /// A record's stored headers, body and body key id.
+    #[doc(hidden)]
+    fn record_response(
+        &self,
+        id: RecordId,
+    ) -> impl Future<Output = Result<Option<StoredRow>, Error>> + Send;
+
+    /// Releases a stale lease at `token` (FAILED, retryable); whether it was one.
+    #[doc(hidden)]
+    fn release_lease(
+        &self,
+        id: RecordId,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Deletes a record at `token`; whether it was there.
+    #[doc(hidden)]
+    fn delete_record(
+        &self,
+        id: RecordId,
+        token: i64,
+    ) -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// PROCESSING and FAILED records, and the estimated total.
+    #[doc(hidden)]
+    fn record_counts(&self) -> impl Future<Output = Result<[i64; 3], Error>> + Send;
 }

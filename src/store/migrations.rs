@@ -46,6 +46,11 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         name: "outbox",
         sql: include_str!("../../migrations/0007_outbox.sql"),
     },
+    Migration {
+        version: 8,
+        name: "console_indexes",
+        sql: include_str!("../../migrations/0008_console_indexes.sql"),
+    },
 ];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).

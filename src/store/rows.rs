@@ -3,7 +3,8 @@
 //! driver implements for its own row type with `impl_row!`.
 
 use crate::engine::key::hex;
-use crate::engine::record::RecordRow;
+use crate::engine::record::{RecordRow, StoredRow};
+use crate::engine::view::InboxFailures;
 use crate::engine::view::{MessageInfo, OutboxInfo, RecordInfo, epoch};
 
 /// A driver's result row, read by column position.
@@ -112,4 +113,39 @@ pub(crate) fn outbox_info<R: Row>(row: &R) -> Result<OutboxInfo, R::Error> {
         created_at: epoch(row.f64(8)?),
         sent_at: row.opt_f64(9)?.map(epoch),
     })
+}
+
+/// The columns of [`sql::ADMIN_STALE_PAGE`](super::sql::ADMIN_STALE_PAGE): a record and its
+/// cursor.
+pub(crate) fn stale_row<R: Row>(row: &R) -> Result<(RecordInfo, i64), R::Error> {
+    Ok((record_info(row)?, row.i64(13)?))
+}
+
+/// The columns of [`sql::ADMIN_FAILED_PAGE`](super::sql::ADMIN_FAILED_PAGE): a message and
+/// its cursor.
+pub(crate) fn failed_row<R: Row>(row: &R) -> Result<(MessageInfo, i64), R::Error> {
+    Ok((message_info(row)?, row.i64(9)?))
+}
+
+/// The columns of [`sql::ADMIN_FAILED_GROUPS`](super::sql::ADMIN_FAILED_GROUPS).
+pub(crate) fn inbox_failures<R: Row>(row: &R) -> Result<InboxFailures, R::Error> {
+    Ok(InboxFailures {
+        consumer_group: row.text(0)?,
+        failed: row.i64(1)?,
+        given_up: row.i64(2)?,
+    })
+}
+
+/// The columns of [`sql::ADMIN_RECORD_RESPONSE`](super::sql::ADMIN_RECORD_RESPONSE).
+pub(crate) fn stored_row<R: Row>(row: &R) -> Result<StoredRow, R::Error> {
+    Ok(StoredRow {
+        headers: row.bytes(0)?,
+        body: row.bytes(1)?,
+        body_key_id: row.opt_i16(2)?,
+    })
+}
+
+/// The columns of [`sql::ADMIN_RECORD_COUNTS`](super::sql::ADMIN_RECORD_COUNTS).
+pub(crate) fn record_counts<R: Row>(row: &R) -> Result<[i64; 3], R::Error> {
+    Ok([row.i64(0)?, row.i64(1)?, row.i64(2)?])
 }

@@ -293,6 +293,91 @@ pub(crate) const ADMIN_FAILED_MESSAGES: &str = select_message!(
      ORDER BY updated_at DESC, message_id LIMIT $2"
 );
 
+/// A cursor's microseconds since the epoch as a `timestamptz` (exact: integers below 2^53).
+macro_rules! micros {
+    ($param:literal) => {
+        concat!(
+            "(timestamptz 'epoch' + ",
+            $param,
+            "::int8 * interval '1 microsecond')"
+        )
+    };
+}
+
+/// Console: a page of stale leases, the longest-expired first, after the cursor (`$1` the
+/// last row's `locked_until` in microseconds since the epoch, `$2` its id; the first page
+/// starts before every lease). `$3` limit. The last column is the row's cursor.
+pub(crate) const ADMIN_STALE_PAGE: &str = concat!(
+    "SELECT uuid_send(id), scope, idempotency_key, state, retryable, status, \
+     fingerprint, fencing_token, extract(epoch FROM created_at)::float8, \
+     extract(epoch FROM updated_at)::float8, extract(epoch FROM expires_at)::float8, \
+     extract(epoch FROM locked_until)::float8, \
+     (octet_length(headers) + octet_length(body))::bigint, \
+     (extract(epoch FROM locked_until) * 1000000)::int8 \
+     FROM idempotency_records \
+     WHERE state = 'PROCESSING' AND locked_until < now() \
+       AND (locked_until, id) > (",
+    micros!("$1"),
+    ", $2) ORDER BY locked_until, id LIMIT $3"
+);
+/// Console: the stored response of a record. `$1` record id.
+pub(crate) const ADMIN_RECORD_RESPONSE: &str =
+    "SELECT headers, body, body_key_id FROM idempotency_records WHERE id = $1";
+/// Console: releases a stale lease the way the sweeper does ([`MARK_STALE_FAILED`]): the
+/// record becomes FAILED and retryable, so the next retry takes over with a new token.
+/// Fenced on the token the operator saw. `$1` id, `$2` fencing token.
+pub(crate) const ADMIN_RELEASE_LEASE: &str = "UPDATE idempotency_records \
+    SET state = 'FAILED', retryable = true, locked_until = NULL, updated_at = now() \
+    WHERE id = $1 AND fencing_token = $2 AND state = 'PROCESSING' AND locked_until < now()";
+/// Console: deletes a record, fenced on the token the operator saw. `$1` id, `$2` token.
+pub(crate) const ADMIN_DELETE_RECORD: &str =
+    "DELETE FROM idempotency_records WHERE id = $1 AND fencing_token = $2";
+/// Console: records by state. PROCESSING and FAILED are counted through their partial
+/// indexes; the table's size is the planner's estimate (no scan of the table).
+pub(crate) const ADMIN_RECORD_COUNTS: &str = "SELECT \
+    (SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING'), \
+    (SELECT count(*) FROM idempotency_records WHERE state = 'FAILED'), \
+    (SELECT greatest(reltuples, 0)::int8 FROM pg_class \
+     WHERE oid = 'idempotency_records'::regclass)";
+/// Console: a page of a group's FAILED inbox messages, the most recently failed first,
+/// after the cursor (`$2` the last row's `updated_at` in microseconds, `$3` its message
+/// id; the first page starts after every row). `$1` group, `$4` limit. The last column is
+/// the row's cursor.
+pub(crate) const ADMIN_FAILED_PAGE: &str = concat!(
+    "SELECT consumer_group, message_id, status, attempts, last_error, payload_digest, \
+     extract(epoch FROM created_at)::float8, extract(epoch FROM updated_at)::float8, \
+     extract(epoch FROM expires_at)::float8, \
+     (extract(epoch FROM updated_at) * 1000000)::int8 FROM inbox_messages \
+     WHERE consumer_group = $1 AND status = 'FAILED' AND (updated_at, message_id) < (",
+    micros!("$2"),
+    ", $3) ORDER BY updated_at DESC, message_id DESC LIMIT $4"
+);
+/// Console: the consumer groups with FAILED messages, each with its count of them and of
+/// those at `$1` attempts or more (given up), at most `$2` groups.
+pub(crate) const ADMIN_FAILED_GROUPS: &str = "SELECT consumer_group, count(*), \
+    count(*) FILTER (WHERE attempts >= $1) FROM inbox_messages WHERE status = 'FAILED' \
+    GROUP BY consumer_group ORDER BY consumer_group LIMIT $2";
+/// Console: resets a FAILED message's attempts, so its next delivery runs the work again.
+/// `$1` group, `$2` message id.
+pub(crate) const ADMIN_RESET_INBOX: &str = "UPDATE inbox_messages SET attempts = 0 \
+    WHERE consumer_group = $1 AND message_id = $2 AND status = 'FAILED' AND attempts > 0";
+/// Console: a page of pending outbox messages in commit order, after seq `$1`; `$2` limit.
+/// (The state is written out, not a parameter, so a generic plan still uses the partial
+/// index.)
+pub(crate) const ADMIN_OUTBOX_PENDING_PAGE: &str = "SELECT seq, message_id, topic, \
+    ordering_key, state, attempts, last_error, octet_length(payload)::int8, \
+    extract(epoch FROM created_at)::float8, extract(epoch FROM sent_at)::float8 \
+    FROM idempotency_outbox WHERE state = 'PENDING' AND seq > $1 ORDER BY seq LIMIT $2";
+/// Console: a page of parked outbox messages, like [`ADMIN_OUTBOX_PENDING_PAGE`].
+pub(crate) const ADMIN_OUTBOX_PARKED_PAGE: &str = "SELECT seq, message_id, topic, \
+    ordering_key, state, attempts, last_error, octet_length(payload)::int8, \
+    extract(epoch FROM created_at)::float8, extract(epoch FROM sent_at)::float8 \
+    FROM idempotency_outbox WHERE state = 'FAILED' AND seq > $1 ORDER BY seq LIMIT $2";
+/// Parked messages and the age in seconds of the oldest.
+pub(crate) const OUTBOX_PARKED: &str = "SELECT count(*), \
+    extract(epoch FROM now() - min(created_at))::float8 \
+    FROM idempotency_outbox WHERE state = 'FAILED'";
+
 /// The table of applied migration versions.
 pub(crate) const CREATE_MIGRATIONS_TABLE: &str =
     "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (
