@@ -54,12 +54,12 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::Type;
 use tower_http::trace::TraceLayer;
 
+#[path = "support/console.rs"]
+mod console;
 #[path = "support/errors.rs"]
 mod errors;
 #[path = "support/json.rs"]
 mod json;
-#[path = "support/console.rs"]
-mod console;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]

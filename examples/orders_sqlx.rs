@@ -31,12 +31,12 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tower_http::trace::TraceLayer;
 
+#[path = "support/console.rs"]
+mod console;
 #[path = "support/errors.rs"]
 mod errors;
 #[path = "support/json.rs"]
 mod json;
-#[path = "support/console.rs"]
-mod console;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
