@@ -6,23 +6,23 @@
 //! framing and sniffing. Every action is a POST carrying a token bound to the console's
 //! session cookie; the actions are idempotent and logged at INFO with who did what.
 
+mod actions;
 mod csrf;
 mod form;
 mod html;
 mod pages;
+mod views;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::{Body, Bytes};
-use axum::extract::{RawQuery, Request, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use http::header::{CACHE_CONTROL, CONTENT_TYPE, SET_COOKIE};
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use self::csrf::Secret;
-use self::form::Form;
 use crate::engine::error::Error;
 use crate::ops::admin::Admin;
 use crate::store::{InboxStore, MaintenanceStore, OutboxStore};
@@ -147,17 +147,17 @@ where
             secret: Secret::random(),
         });
         Router::new()
-            .route("/", get(overview::<D>))
+            .route("/", get(views::overview::<D>))
             .route("/console.css", get(stylesheet))
-            .route("/key", get(key::<D>))
-            .route("/stale", get(stale::<D>))
-            .route("/inbox", get(inbox::<D>))
-            .route("/outbox", get(outbox::<D>))
-            .route("/release-lease", post(release_lease::<D>))
-            .route("/release-all", post(release_all::<D>))
-            .route("/delete-record", post(delete_record::<D>))
-            .route("/reset-attempts", post(reset_attempts::<D>))
-            .route("/requeue", post(requeue::<D>))
+            .route("/key", get(views::key::<D>))
+            .route("/stale", get(views::stale::<D>))
+            .route("/inbox", get(views::inbox::<D>))
+            .route("/outbox", get(views::outbox::<D>))
+            .route("/release-lease", post(actions::release_lease::<D>))
+            .route("/release-all", post(actions::release_all::<D>))
+            .route("/delete-record", post(actions::delete_record::<D>))
+            .route("/reset-attempts", post(actions::reset_attempts::<D>))
+            .route("/requeue", post(actions::requeue::<D>))
             .with_state(state)
             .layer(axum::middleware::map_response(protect))
     }
@@ -284,353 +284,4 @@ fn html(session: &Session, title: &str, current: &str, body: &str) -> Response {
         }
     }
     response
-}
-
-fn query(raw: Option<String>) -> Form {
-    Form::parse(raw.unwrap_or_default().as_bytes())
-}
-
-async fn overview<D>(State(inner): Shared<D>, headers: HeaderMap) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let session = session(&inner, &headers);
-    let overview = match inner.console.admin.overview(inner.console.give_up).await {
-        Ok(overview) => overview,
-        Err(e) => return failed(&e),
-    };
-    let metrics = inner.console.metrics.as_ref().map(|render| render());
-    let body = pages::overview(&overview, metrics.as_deref());
-    html(&session, "Overview", "Overview", &body)
-}
-
-async fn key<D>(State(inner): Shared<D>, headers: HeaderMap, RawQuery(raw): RawQuery) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let session = session(&inner, &headers);
-    let form = query(raw);
-    let scope = form.get("scope").unwrap_or_default();
-    let Some(key) = form.get("key").filter(|k| !k.is_empty()) else {
-        let body = pages::key_search(scope, "");
-        return html(&session, "Key", "Key", &body);
-    };
-    let admin = &inner.console.admin;
-    let record = match admin.lookup(scope, key).await {
-        Ok(record) => record,
-        Err(Error::InvalidKey(e)) => {
-            let body = format!(
-                "{}<p class=\"warn\">Not a valid Idempotency-Key value: {}</p>",
-                pages::key_search(scope, key),
-                html::escape(&e.to_string())
-            );
-            return html(&session, "Key", "Key", &body);
-        }
-        Err(e) => return failed(&e),
-    };
-    let response = match &record {
-        Some(record) => match admin.response(&record.id).await {
-            Ok(response) => response,
-            Err(e) => return failed(&e),
-        },
-        None => None,
-    };
-    let show_body = form.get("body") == Some("1");
-    let body = pages::key(
-        scope,
-        key,
-        record.as_ref(),
-        response.as_ref(),
-        show_body,
-        form.get("done"),
-        &session.token,
-    );
-    html(&session, "Key", "Key", &body)
-}
-
-async fn stale<D>(State(inner): Shared<D>, headers: HeaderMap, RawQuery(raw): RawQuery) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let session = session(&inner, &headers);
-    let form = query(raw);
-    let page = match inner
-        .console
-        .admin
-        .stale_page(form.get("after"), pages::PAGE)
-        .await
-    {
-        Ok(page) => page,
-        Err(e) => return failed(&e),
-    };
-    let body = pages::stale(&page, form.get("done"), &session.token);
-    html(&session, "Stale leases", "Stale leases", &body)
-}
-
-async fn inbox<D>(State(inner): Shared<D>, headers: HeaderMap, RawQuery(raw): RawQuery) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let session = session(&inner, &headers);
-    let form = query(raw);
-    let admin = &inner.console.admin;
-    let body = match form.get("group") {
-        None => match admin.overview(inner.console.give_up).await {
-            Ok(overview) => pages::inbox_groups(&overview.inbox),
-            Err(e) => return failed(&e),
-        },
-        Some(group) => match admin
-            .failed_page(group, form.get("after"), pages::PAGE)
-            .await
-        {
-            Ok(page) => pages::inbox(
-                group,
-                &page,
-                inner.console.give_up,
-                form.get("done"),
-                &session.token,
-            ),
-            Err(e) => return failed(&e),
-        },
-    };
-    html(&session, "Inbox", "Inbox", &body)
-}
-
-async fn outbox<D>(State(inner): Shared<D>, headers: HeaderMap, RawQuery(raw): RawQuery) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let session = session(&inner, &headers);
-    let form = query(raw);
-    let parked = form.get("state") == Some("parked");
-    let state = if parked {
-        crate::engine::view::OutboxState::Failed
-    } else {
-        crate::engine::view::OutboxState::Pending
-    };
-    let page = match inner
-        .console
-        .admin
-        .outbox_page(state, form.get("after"), pages::PAGE)
-        .await
-    {
-        Ok(page) => page,
-        Err(e) => return failed(&e),
-    };
-    let body = pages::outbox(parked, &page, form.get("done"), &session.token);
-    html(&session, "Outbox", "Outbox", &body)
-}
-
-/// A POSTed form whose CSRF token is the one of the request's console session, and who
-/// sent it; or the 403 that refuses it.
-struct Action {
-    form: Form,
-    who: String,
-}
-
-fn action<D: MaintenanceStore>(
-    inner: &Inner<D>,
-    request: Request<()>,
-    body: Bytes,
-) -> Result<Action, Refused> {
-    let (parts, ()) = request.into_parts();
-    let form = Form::parse(&body);
-    let valid = match (csrf::session(&parts.headers), form.get("csrf")) {
-        (Some(session), Some(token)) => inner.secret.verify(&session, token),
-        _ => false,
-    };
-    if !valid {
-        tracing::warn!("console: a POST without its session's CSRF token was refused");
-        return Err((
-            StatusCode::FORBIDDEN,
-            "the form's CSRF token is missing or not this session's; reload the page and try again",
-        ));
-    }
-    let who = parts
-        .extensions
-        .get::<ConsoleUser>()
-        .map(|user| user.0.clone())
-        .or_else(|| form::basic_user(&parts.headers))
-        .unwrap_or_else(|| "anonymous".to_owned());
-    Ok(Action { form, who })
-}
-
-/// The answer to an action: back to the page it was made on (a reload does not repeat
-/// it), saying whether it changed anything.
-fn done(back: String, changed: bool) -> Response {
-    let location = format!(
-        "{back}{}done={}",
-        if back.contains('?') { "&" } else { "?" },
-        if changed { "changed" } else { "unchanged" }
-    );
-    let mut response = StatusCode::SEE_OTHER.into_response();
-    if let Ok(value) = HeaderValue::from_str(&location) {
-        response.headers_mut().insert(LOCATION, value);
-    }
-    response
-}
-
-/// The page a record action goes back to: the key's page, or the stale leases.
-fn record_back(form: &Form) -> String {
-    match (form.get("scope"), form.get("key")) {
-        (Some(scope), Some(key)) => {
-            format!("key?scope={}&key={}", html::url(scope), html::url(key))
-        }
-        _ => "stale".to_owned(),
-    }
-}
-
-fn token(form: &Form) -> Result<i64, Refused> {
-    form.get("token")
-        .and_then(|t| t.parse().ok())
-        .ok_or((StatusCode::BAD_REQUEST, "the form has no fencing token"))
-}
-
-/// Why a POST is refused: its status and the problem's detail.
-type Refused = (StatusCode, &'static str);
-
-fn split_request(request: Request) -> (Request<()>, Body) {
-    let (parts, body) = request.into_parts();
-    (Request::from_parts(parts, ()), body)
-}
-
-async fn body_bytes(body: Body) -> Result<Bytes, Response> {
-    axum::body::to_bytes(body, 64 * 1024).await.map_err(|_| {
-        problem(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "the form is larger than 64 KiB",
-        )
-    })
-}
-
-async fn release_lease<D>(State(inner): Shared<D>, request: Request) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let (request, body) = split_request(request);
-    let bytes = match body_bytes(body).await {
-        Ok(bytes) => bytes,
-        Err(response) => return response,
-    };
-    let Action { form, who } = match action(&inner, request, bytes) {
-        Ok(action) => action,
-        Err((status, detail)) => return problem(status, detail),
-    };
-    let token = match token(&form) {
-        Ok(token) => token,
-        Err((status, detail)) => return problem(status, detail),
-    };
-    let id = form.get("id").unwrap_or_default();
-    match inner.console.admin.release_lease(id, token).await {
-        Ok(changed) => {
-            tracing::info!(user = %who, action = "release_lease", record = %id, fencing_token = token, changed, "console action");
-            done(record_back(&form), changed)
-        }
-        Err(e) => failed(&e),
-    }
-}
-
-async fn release_all<D>(State(inner): Shared<D>, request: Request) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let (request, body) = split_request(request);
-    let bytes = match body_bytes(body).await {
-        Ok(bytes) => bytes,
-        Err(response) => return response,
-    };
-    let Action { form, who } = match action(&inner, request, bytes) {
-        Ok(action) => action,
-        Err((status, detail)) => return problem(status, detail),
-    };
-    let mut released = 0;
-    let mut shown = 0;
-    for lease in form.all("lease").take(pages::PAGE as usize) {
-        let Some((id, token)) = lease.split_once(':') else {
-            continue;
-        };
-        let Ok(token) = token.parse() else { continue };
-        shown += 1;
-        match inner.console.admin.release_lease(id, token).await {
-            Ok(true) => released += 1,
-            Ok(false) => {}
-            Err(e) => return failed(&e),
-        }
-    }
-    tracing::info!(user = %who, action = "release_all", shown, released, "console action");
-    done("stale".to_owned(), released > 0)
-}
-
-async fn delete_record<D>(State(inner): Shared<D>, request: Request) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let (request, body) = split_request(request);
-    let bytes = match body_bytes(body).await {
-        Ok(bytes) => bytes,
-        Err(response) => return response,
-    };
-    let Action { form, who } = match action(&inner, request, bytes) {
-        Ok(action) => action,
-        Err((status, detail)) => return problem(status, detail),
-    };
-    let token = match token(&form) {
-        Ok(token) => token,
-        Err((status, detail)) => return problem(status, detail),
-    };
-    let id = form.get("id").unwrap_or_default();
-    match inner.console.admin.delete_record(id, token).await {
-        Ok(changed) => {
-            tracing::info!(user = %who, action = "delete_record", record = %id, fencing_token = token, changed, "console action");
-            done(record_back(&form), changed)
-        }
-        Err(e) => failed(&e),
-    }
-}
-
-async fn reset_attempts<D>(State(inner): Shared<D>, request: Request) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let (request, body) = split_request(request);
-    let bytes = match body_bytes(body).await {
-        Ok(bytes) => bytes,
-        Err(response) => return response,
-    };
-    let Action { form, who } = match action(&inner, request, bytes) {
-        Ok(action) => action,
-        Err((status, detail)) => return problem(status, detail),
-    };
-    let group = form.get("group").unwrap_or_default();
-    let message = form.get("message").unwrap_or_default();
-    match inner.console.admin.reset_attempts(group, message).await {
-        Ok(changed) => {
-            tracing::info!(user = %who, action = "reset_attempts", group, message_id = message, changed, "console action");
-            done(format!("inbox?group={}", html::url(group)), changed)
-        }
-        Err(e) => failed(&e),
-    }
-}
-
-async fn requeue<D>(State(inner): Shared<D>, request: Request) -> Response
-where
-    D: MaintenanceStore + InboxStore + OutboxStore + Clone + Send + Sync + 'static,
-{
-    let (request, body) = split_request(request);
-    let bytes = match body_bytes(body).await {
-        Ok(bytes) => bytes,
-        Err(response) => return response,
-    };
-    let Action { form, who } = match action(&inner, request, bytes) {
-        Ok(action) => action,
-        Err((status, detail)) => return problem(status, detail),
-    };
-    let message = form.get("message").unwrap_or_default();
-    match inner.console.admin.requeue_outbox(message).await {
-        Ok(changed) => {
-            tracing::info!(user = %who, action = "requeue", message_id = message, changed, "console action");
-            done("outbox?state=parked".to_owned(), changed)
-        }
-        Err(e) => failed(&e),
-    }
 }

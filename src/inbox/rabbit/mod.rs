@@ -15,6 +15,12 @@
 //! `max_attempts`. The guide [`crate::guide::inbox`] explains `max_attempts` together with
 //! the queue's `x-delivery-limit`.
 
+mod delivery;
+mod message;
+
+use self::delivery::{Answer, answer, delivery_count};
+pub use self::message::{ConsumerError, Message};
+
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -23,11 +29,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    BasicRejectOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
 use lapin::{Channel, Connection};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -93,78 +96,6 @@ impl<D: InboxStore> fmt::Debug for Consumer<D> {
             .field("prefetch", &self.prefetch)
             .field("id_field", &self.id_field)
             .finish_non_exhaustive()
-    }
-}
-
-/// One delivery, as the work sees it. Cloning is cheap (the payload is shared).
-#[derive(Debug, Clone)]
-pub struct Message {
-    id: String,
-    payload: Bytes,
-    redelivered: bool,
-    delivered_before: u32,
-    routing_key: String,
-}
-
-impl Message {
-    /// The message id the Inbox records.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The body.
-    pub fn payload(&self) -> &[u8] {
-        &self.payload
-    }
-
-    /// The body as JSON.
-    pub fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
-        serde_json::from_slice(&self.payload)
-    }
-
-    /// Whether the broker delivered this message before (to this or another consumer).
-    pub fn redelivered(&self) -> bool {
-        self.redelivered
-    }
-
-    /// Deliveries of this message before this one, as a quorum queue counts them
-    /// (`x-delivery-count`); 0 on a classic queue.
-    pub fn delivered_before(&self) -> u32 {
-        self.delivered_before
-    }
-
-    /// The routing key it was published with.
-    pub fn routing_key(&self) -> &str {
-        &self.routing_key
-    }
-}
-
-/// Why [`Consumer::start`] did not start.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum ConsumerError {
-    /// No node of the broker answered.
-    Unreachable(Unreachable),
-    /// A node answered, but refused the channel, the prefetch or the consumer (for
-    /// example: no such queue).
-    Broker(lapin::Error),
-}
-
-impl fmt::Display for ConsumerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Unreachable(_) => f.write_str("could not connect to the broker"),
-            Self::Broker(_) => f.write_str("the broker refused the consumer"),
-        }
-    }
-}
-
-impl std::error::Error for ConsumerError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Unreachable(e) => Some(e),
-            Self::Broker(e) => Some(e),
-        }
     }
 }
 
@@ -461,50 +392,6 @@ where
         let field = self.id_field.as_deref()?;
         let body: serde_json::Value = serde_json::from_slice(&delivery.data).ok()?;
         body.get(field)?.as_str().map(str::to_owned)
-    }
-}
-
-/// The broker's count of earlier deliveries (a quorum queue's `x-delivery-count`).
-fn delivery_count(delivery: &Delivery) -> u32 {
-    let Some(headers) = delivery.properties.headers() else {
-        return 0;
-    };
-    let count = match headers.inner().get("x-delivery-count") {
-        Some(AMQPValue::LongLongInt(n)) => i128::from(*n),
-        Some(AMQPValue::LongInt(n)) => i128::from(*n),
-        Some(AMQPValue::ShortInt(n)) => i128::from(*n),
-        Some(AMQPValue::ShortShortInt(n)) => i128::from(*n),
-        Some(AMQPValue::LongUInt(n)) => i128::from(*n),
-        Some(AMQPValue::ShortUInt(n)) => i128::from(*n),
-        Some(AMQPValue::ShortShortUInt(n)) => i128::from(*n),
-        _ => 0,
-    };
-    u32::try_from(count.max(0)).unwrap_or(u32::MAX)
-}
-
-enum Answer {
-    Ack,
-    Requeue,
-    Reject,
-}
-
-/// Answers the broker; an answer lost with the connection means a redelivery, which the
-/// Inbox answers as a duplicate if the work committed.
-async fn answer(delivery: &Delivery, answer: Answer) {
-    let sent = match answer {
-        Answer::Ack => delivery.ack(BasicAckOptions::default()).await,
-        Answer::Requeue => {
-            delivery
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-        }
-        Answer::Reject => delivery.reject(BasicRejectOptions { requeue: false }).await,
-    };
-    if let Err(error) = sent {
-        tracing::debug!(error = %error, "could not answer a delivery; the broker redelivers it");
     }
 }
 
