@@ -309,9 +309,24 @@ impl Browser {
         panic!("no element {css} on the page: {}", self.source().await);
     }
 
+    /// `command` on the first element matching `css`, found again while the element goes
+    /// stale under it (a page still loading after the last click), for up to 10 s.
+    async fn on_element(&self, css: &str, method: &str, command: &str, body: Value) -> Value {
+        let mut last = Value::Null;
+        for _ in 0..100 {
+            let element = self.find(css).await;
+            let path = format!("/session/{}/element/{element}/{command}", self.session);
+            match self.command(method, &path, body.clone()).await {
+                Ok(value) => return value,
+                Err(error) => last = error,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{method} {command} on {css}: {last}");
+    }
+
     async fn text(&self, css: &str) -> String {
-        let element = self.find(css).await;
-        self.session("GET", &format!("/element/{element}/text"), Value::Null)
+        self.on_element(css, "GET", "text", Value::Null)
             .await
             .as_str()
             .unwrap()
@@ -319,9 +334,7 @@ impl Browser {
     }
 
     async fn click(&self, css: &str) {
-        let element = self.find(css).await;
-        self.session("POST", &format!("/element/{element}/click"), json!({}))
-            .await;
+        self.on_element(css, "POST", "click", json!({})).await;
     }
 
     async fn type_into(&self, css: &str, text: &str) {
