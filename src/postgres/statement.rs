@@ -464,7 +464,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 40);
+        assert_eq!(checked, 42);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await
