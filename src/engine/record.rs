@@ -209,6 +209,9 @@ pub enum Deferred {
     InFlight,
     /// The lock was granted but a record committed before it: answered from that record.
     Found,
+    /// `BEGIN`, the lock or the look-up failed (the handler's statement got that error):
+    /// answered 503, as a claim that failed before the handler ran.
+    Failed,
 }
 
 /// What a lease claim found.

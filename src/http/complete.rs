@@ -197,6 +197,18 @@ impl<D: LeaseStore> RequestState<D> {
         if let Some(conn) = self.tx.take().await {
             D::rollback(conn).await;
         }
+        if deferred == Deferred::Failed {
+            telemetry::request(RequestOutcome::StoreError);
+            return Some(
+                self.reject(
+                    Rejection::new(
+                        RejectionKind::StoreUnavailable,
+                        "the idempotency store could not claim the key; retry the request",
+                    )
+                    .with_retry_after(self.config.retry_after),
+                ),
+            );
+        }
         if deferred == Deferred::Found {
             let found = self.config.store.lookup(self.id).await;
             match found.map(|row| row.map(Existing::from).filter(|existing| !existing.expired)) {

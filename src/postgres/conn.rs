@@ -52,6 +52,8 @@ const LAZY: u8 = 1;
 const REFUSED: u8 = 2;
 /// [`TxConn::begin`]: the lock was granted, but the key's record committed before it.
 const FOUND: u8 = 3;
+/// [`TxConn::begin`]: `BEGIN`, the lock or the look-up sent with the first statement failed.
+const FAILED: u8 = 4;
 
 impl TxConn {
     /// Wraps a connection that is about to begin a transaction.
@@ -106,6 +108,7 @@ impl TxConn {
         match self.begin.load(Ordering::Acquire) {
             REFUSED => Deferred::InFlight,
             FOUND => Deferred::Found,
+            FAILED => Deferred::Failed,
             _ => Deferred::Granted,
         }
     }
@@ -136,6 +139,11 @@ impl TxConn {
     /// before it goes back to the pool.
     pub(crate) fn beginning(&self) {
         self.in_transaction.store(true, Ordering::Release);
+    }
+
+    /// Records that the claim's statements sent with the first statement failed.
+    pub(crate) fn claim_failed(&self) {
+        self.begin.store(FAILED, Ordering::Release);
     }
 
     /// Records what the pipeline that carried `BEGIN`, the lock and the look-up found:

@@ -214,9 +214,19 @@ where
             result = &mut statement, if done.is_none() => done = Some(result),
         }
     };
-    begun?;
-    let locked: bool = locked?.try_get(0)?;
-    let found = found?.is_some();
+    let claimed = (|| {
+        begun?;
+        let locked: bool = locked?.try_get(0)?;
+        Ok::<_, tokio_postgres::Error>((locked, found?.is_some()))
+    })();
+    let (locked, found) = match claimed {
+        Ok(claimed) => claimed,
+        Err(error) => {
+            tracing::warn!(error = %crate::engine::error::Chain(&error), "the claim sent with the first statement failed");
+            conn.claim_failed();
+            return Err(Error::Postgres(error));
+        }
+    };
     conn.begun(locked, found);
     if locked && !found {
         return match done {
