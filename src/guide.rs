@@ -10,7 +10,7 @@
 //! | [`rabbitmq_cluster`] | running with a RabbitMQ cluster: quorum queues, what a confirm guarantees, several addresses, a node failure step by step, why the Inbox is still required, `x-delivery-limit` and `max_attempts` |
 //! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling |
 //! | [`monitoring`] | the Grafana dashboard and Prometheus alerts shipped in `monitoring/`: wiring the recorder, importing the dashboard, loading the rules, and a runbook for every alert |
-//! | [`console`] | the troubleshooting console (feature `console`): mounting it behind your auth, its pages and actions, CSRF and CSP, the index behind every list |
+//! | `console` (module `guide::console`, with the feature) | the troubleshooting console (feature `console`): mounting it behind your auth, its pages and actions, CSRF and CSP, the index behind every list |
 //! | [`security`] | scopes, what is stored and what is not, encryption at rest, TLS to PostgreSQL |
 
 #[doc = include_str!("../docs/atomic.md")]

@@ -308,7 +308,7 @@ impl<D: MaintenanceStore> Admin<D> {
     }
 
     /// The stored response of record `id` (as [`RecordInfo::id`] shows it): its headers,
-    /// and its body, decrypted with the [`body_keys`](Self::body_keys) given, or
+    /// and its body, decrypted with the `body_keys` given, or
     /// [`ResponseBody::Sealed`] without them.
     ///
     /// ```no_run
