@@ -51,6 +51,10 @@ mod tx;
 
 pub use self::tx::SqlxTx;
 
+/// The `sqlx` this driver is built with: the `PgPool` given to `IdempotencyLayer::new`
+/// must come from this version.
+pub use ::sqlx;
+
 /// The [`IdempotentTx`](crate::IdempotentTx) extractor on sqlx: it derefs to the shared
 /// transaction's `PgConnection`, so `&mut *tx` is an executor.
 pub type IdempotentTx = crate::store::IdempotentTx<SqlxStore>;
