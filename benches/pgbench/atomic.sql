@@ -1,7 +1,7 @@
 \set k random(1, 9000000000000000000)
 \startpipeline
 BEGIN;
-SELECT * FROM axum_idempotency_claim_v2(md5(:k::text)::uuid, :k);
+SELECT * FROM axum_idempotency_claim(md5(:k::text)::uuid, :k);
 \endpipeline
 INSERT INTO orders (user_id, amount) VALUES (1, 2) RETURNING id;
 \startpipeline

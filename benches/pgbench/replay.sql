@@ -1,6 +1,6 @@
 \set k random(1, 100000)
 \startpipeline
 BEGIN;
-SELECT * FROM axum_idempotency_claim_v2(md5(:k::text)::uuid, :k);
+SELECT * FROM axum_idempotency_claim(md5(:k::text)::uuid, :k);
 \endpipeline
 ROLLBACK;

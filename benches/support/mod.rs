@@ -21,7 +21,7 @@ pub(crate) const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expi
 pub(crate) const LOCK_EXPR: &str = "('idempotency_records'::regclass::oid::int8 << 32)";
 pub(crate) const TRY_LOCK: &str = "SELECT pg_try_advisory_xact_lock(($1 # \
     ('idempotency_records'::regclass::oid::int8 << 32)))";
-pub(crate) const CLAIM: &str = "SELECT * FROM axum_idempotency_claim_v2($1, ($2 # \
+pub(crate) const CLAIM: &str = "SELECT * FROM axum_idempotency_claim($1, ($2 # \
     ('idempotency_records'::regclass::oid::int8 << 32)))";
 /// Whether the record exists: the look-up under the lock of the shipped claim.
 pub(crate) const EXISTS: &str = "SELECT 1 FROM idempotency_records WHERE id = $1";

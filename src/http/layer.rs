@@ -433,8 +433,8 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
     /// Only the body is encrypted: the status, the [kept headers](Self::keep_header) and
     /// the request fingerprint (a SHA-256) are not. The in-process
     /// [cache](Self::cache_responses) and the Redis front line hold responses in
-    /// plaintext. Turn encryption on only once every instance runs a version that knows
-    /// it (migration 0005): an older instance cannot tell a sealed body from a plain one.
+    /// plaintext. Every instance that shares the records must be given the keys: one
+    /// without them answers a sealed record 503 rather than replay ciphertext.
     ///
     /// ```no_run
     /// # fn f(pool: deadpool_postgres::Pool, key_2: [u8; 32], key_1: [u8; 32]) {

@@ -10,48 +10,11 @@ pub(crate) struct Migration {
 }
 
 /// Append-only: a released file never changes, a new one gets the next number.
-pub(crate) const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "idempotency_records",
-        sql: include_str!("../../migrations/0001_idempotency_records.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "inbox_messages",
-        sql: include_str!("../../migrations/0002_inbox_messages.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "lease_state",
-        sql: include_str!("../../migrations/0003_lease_state.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "claim_function",
-        sql: include_str!("../../migrations/0004_claim_function.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "body_encryption",
-        sql: include_str!("../../migrations/0005_body_encryption.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "fencing_tokens",
-        sql: include_str!("../../migrations/0006_fencing_tokens.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "outbox",
-        sql: include_str!("../../migrations/0007_outbox.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "console_indexes",
-        sql: include_str!("../../migrations/0008_console_indexes.sql"),
-    },
-];
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "schema",
+    sql: include_str!("../../migrations/0001_schema.sql"),
+}];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
 pub(crate) const MIGRATION_LOCK: i64 = 0x6178_6964_656d_0001;

@@ -18,7 +18,7 @@ macro_rules! lock_key {
     };
 }
 
-/// The claim in one call of a function (migrations 0004 and 0005), for a driver that
+/// The claim in one call of `axum_idempotency_claim` (the schema), for a driver that
 /// cannot pipeline (sqlx): a completed record is returned without taking the lock (it
 /// never changes); otherwise the key's transaction-scoped advisory lock is tried and the
 /// record read again in a statement of its own, whose READ COMMITTED snapshot is taken
@@ -26,7 +26,7 @@ macro_rules! lock_key {
 /// `found`.
 #[cfg(feature = "sqlx")]
 pub(crate) const CLAIM: &str = concat!(
-    "SELECT * FROM axum_idempotency_claim_v2($1, ",
+    "SELECT * FROM axum_idempotency_claim($1, ",
     lock_key!("$2"),
     ")"
 );
