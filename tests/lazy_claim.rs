@@ -331,6 +331,58 @@ async fn a_first_statement_waiting_on_its_twins_row_is_cancelled_and_answered_40
     db.assert_settles().await;
 }
 
+/// What a `prepared` handler met, in order.
+type Steps = Arc<std::sync::Mutex<Vec<&'static str>>>;
+
+/// Prepares `SELECT 1` with `prepare_cached`, then runs it; records which step the claim
+/// refused.
+async fn prepared(
+    State(steps): State<Steps>,
+    tx: axum_idempotency::postgres::IdempotentTx,
+) -> Result<StatusCode, axum_idempotency::Error> {
+    let statement = tx.prepare_cached("SELECT 1").await.inspect_err(|_| {
+        steps.lock().unwrap().push("prepare refused");
+    })?;
+    steps.lock().unwrap().push("prepared");
+    tx.query_one(&statement, &[]).await.inspect_err(|_| {
+        steps.lock().unwrap().push("query refused");
+    })?;
+    Ok(StatusCode::CREATED)
+}
+
+/// deadpool keeps a statement cache per connection: `prepare_cached` of a statement the
+/// connection prepared before is handed over without a round trip, so the claim rides with
+/// the statement that runs, and `prepare_cached` then `query` costs the handler's own round
+/// trips. With the key held by another session, the prepare succeeds and the query is the
+/// step refused; the request is answered 409 and the retry runs once the key is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cached_prepare_leaves_the_claim_to_the_first_statement() {
+    let db = TestDb::new(1).await;
+    let steps = Steps::default();
+    let app = Router::new()
+        .route("/prepared", post(prepared))
+        .layer(IdempotencyLayer::new(db.pool.clone()))
+        .with_state(Arc::clone(&steps));
+    let first = send(&app, post_json("/prepared", Some("warm-1"), &json!({}))).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    assert_eq!(std::mem::take(&mut *steps.lock().unwrap()), ["prepared"]);
+
+    let lock = hold_key(&db, "held-2").await;
+    let held = send(&app, post_json("/prepared", Some("held-2"), &json!({}))).await;
+    assert_eq!(held.status, StatusCode::CONFLICT, "{:?}", held.body);
+    assert_eq!(held.problem_code(), "in_flight");
+    assert_eq!(
+        std::mem::take(&mut *steps.lock().unwrap()),
+        ["prepared", "query refused"],
+        "the cached statement was handed over without the claim"
+    );
+    release_key(&db, lock).await;
+    let retry = send(&app, post_json("/prepared", Some("held-2"), &json!({}))).await;
+    assert_eq!(retry.status, StatusCode::CREATED, "{:?}", retry.body);
+    assert_eq!(db.records().await, 2);
+    db.assert_settles().await;
+}
+
 for_each_driver! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async a_first_statement_waiting_on_its_twins_row_is_cancelled_and_answered_409;

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use futures_util::FutureExt;
+
 use tokio_postgres::types::{BorrowToSql, ToSql};
 use tokio_postgres::{RowStream, Statement, ToStatement};
 
@@ -40,11 +42,7 @@ impl PgTx {
         let Some(conn) = slot.as_ref() else {
             return Err(Error::TransactionEnded);
         };
-        match conn.first_statement().await {
-            Some(_first) => begin_with(conn, f).await,
-            None if conn.deferred() != Deferred::Granted => Err(Error::DuplicateRequest),
-            None => f(conn).await.map_err(Error::Postgres),
-        }
+        run_on(conn, f).await
     }
 
     /// Runs a statement and returns the rows. See [`tokio_postgres::Client::query`].
@@ -158,17 +156,40 @@ impl PgTx {
     /// prepared statements off with
     /// [`IdempotencyLayer::prepared_statements`](crate::IdempotencyLayer::prepared_statements).
     ///
-    /// Called before any statement of a lazily claimed key, it carries the claim (as the
-    /// first statement does): a statement of the same handler that is run by SQL text or
-    /// with a statement prepared elsewhere saves that round trip.
+    /// A statement this connection has already prepared is handed over at once, without a
+    /// round trip, so the claim of a new key still rides with the handler's first
+    /// statement: `prepare_cached` then `query` costs the round trips of the handler alone.
+    /// The first time on a connection, the prepare leaves first and the claim follows it
+    /// in the same round trip.
     pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {
-        self.with_client(Some(query), async |conn| {
-            match conn.pooled().prepare_cached(query, &[]) {
-                Some(cached) => cached.await,
-                None => conn.client().prepare(query).await,
-            }
-        })
-        .await
+        if is_transaction_control(query) {
+            return Err(Error::TransactionControl);
+        }
+        let slot = self.token.shared().read().await;
+        let Some(conn) = slot.as_ref() else {
+            return Err(Error::TransactionEnded);
+        };
+        let Some(mut cached) = conn.pooled().prepare_cached(query, &[]) else {
+            return run_on(conn, async |conn| conn.client().prepare(query).await).await;
+        };
+        // A cache hit is ready at its first poll and sends nothing.
+        if let Some(hit) = (&mut cached).now_or_never() {
+            return hit.map_err(Error::Postgres);
+        }
+        run_on(conn, async move |_| cached.await).await
+    }
+}
+
+/// Runs `f`, the handler's statement, on the request's connection: with the claim if it is
+/// the first, refused if the claim found the key held or its record committed.
+async fn run_on<T, F>(conn: &TxConn, f: F) -> Result<T, Error>
+where
+    F: AsyncFnOnce(&TxConn) -> Result<T, tokio_postgres::Error>,
+{
+    match conn.first_statement().await {
+        Some(_first) => begin_with(conn, f).await,
+        None if conn.deferred() != Deferred::Granted => Err(Error::DuplicateRequest),
+        None => f(conn).await.map_err(Error::Postgres),
     }
 }
 
