@@ -29,19 +29,19 @@ pub use self::outbox::enqueue;
 pub use self::pool::{BoxFuture, ClientPool, PoolError, PooledClient};
 pub use self::tx::{PgTx, TxStatement};
 
-/// The `tokio-postgres` this driver is built with: a `Config`, a TLS connector or a
-/// `Client` you hand the crate must come from this version.
-pub use ::tokio_postgres;
+/// The `bb8` this driver is built with (feature `bb8`), for the same reason.
+#[cfg(feature = "bb8")]
+#[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
+pub use ::bb8;
 /// The `deadpool-postgres` this driver is built with (feature `deadpool`): build the pool
 /// given to `IdempotencyLayer::new` from it, so its type is the one the crate implements
 /// `IntoStore` for.
 #[cfg(feature = "deadpool")]
 #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
 pub use ::deadpool_postgres;
-/// The `bb8` this driver is built with (feature `bb8`), for the same reason.
-#[cfg(feature = "bb8")]
-#[cfg_attr(docsrs, doc(cfg(feature = "bb8")))]
-pub use ::bb8;
+/// The `tokio-postgres` this driver is built with: a `Config`, a TLS connector or a
+/// `Client` you hand the crate must come from this version.
+pub use ::tokio_postgres;
 
 /// The [`IdempotentTx`](crate::IdempotentTx) extractor on tokio-postgres: it derefs to
 /// [`PgTx`], whose `query`, `execute` and friends run in the transaction that also
