@@ -1,4 +1,4 @@
-//! The create-order service from the README: `POST /orders` takes effect once per
+//! The example service the README runs: `POST /orders` takes effect once per
 //! `Idempotency-Key`, scoped by the `X-User-Id` header.
 //!
 //! ```text
