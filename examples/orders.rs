@@ -254,13 +254,13 @@ fn app(
         .route("/orders", post(create_order))
         .route("/orders/{order_no}", get(get_order))
         .route("/orders/{order_no}/pay", post(pay_order))
-        .layer(idempotency)
+        .layer(idempotency.clone())
         .with_state(pool)
         .route(
             "/metrics",
             get(move || std::future::ready(metrics.render())),
         )
-        .merge(openapi::router())
+        .merge(openapi::router(&idempotency))
         .merge(console)
         .layer(TraceLayer::new_for_http())
 }

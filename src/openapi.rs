@@ -52,7 +52,9 @@ use utoipa::openapi::{
 };
 
 use crate::engine::key::MAX_KEY_LEN;
+use crate::http::IdempotencyLayer;
 use crate::http::rejection::RejectionKind;
+use crate::store::LeaseStore;
 
 /// The request header's name as documents spell it.
 const KEY_HEADER: &str = "Idempotency-Key";
@@ -163,6 +165,27 @@ impl IdempotencyDoc {
             attempt_limit: false,
             operations: Vec::new(),
         }
+    }
+
+    /// No operation marked yet; the key and the 429 answer declared as `layer` is
+    /// configured ([`key_required`](crate::IdempotencyLayer::key_required),
+    /// [`key_attempt_limit`](crate::IdempotencyLayer::key_attempt_limit)), so the document
+    /// cannot drift from the layer.
+    ///
+    /// ```no_run
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// use axum_idempotency::IdempotencyLayer;
+    /// use axum_idempotency::openapi::IdempotencyDoc;
+    ///
+    /// let layer = IdempotencyLayer::new(pool).key_required(false);
+    /// let doc = IdempotencyDoc::for_layer(&layer).operation(http::Method::POST, "/orders");
+    /// # let _ = doc; }
+    /// ```
+    pub fn for_layer<D: LeaseStore>(layer: &IdempotencyLayer<D>) -> Self {
+        let (key_required, attempt_limit) = layer.contract();
+        Self::new()
+            .key_required(key_required)
+            .attempt_limit(attempt_limit)
     }
 
     /// Declares the key required (the default) or optional, as the layer is configured.

@@ -20,7 +20,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("outbox", &["store", "engine"]),
     ("ops", &["store", "engine"]),
     ("client", &["engine"]),
-    ("openapi", &["engine", "http"]),
+    ("openapi", &["engine", "http", "store"]),
     ("fuzz", &["engine"]),
     ("guide", &[]),
 ];

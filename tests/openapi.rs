@@ -219,3 +219,41 @@ async fn declares_the_idempotency_contract(example: &str) {
         "GET is not keyed"
     );
 }
+
+/// `IdempotencyDoc::for_layer` declares what the layer does: the key required or optional,
+/// and the 429 answer only on a layer with a per-key attempt limit.
+#[tokio::test]
+async fn the_declaration_follows_the_layer() {
+    use axum::http::Method;
+    use axum_idempotency::IdempotencyLayer;
+    use axum_idempotency::openapi::IdempotencyDoc;
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
+    use utoipa::openapi::{OpenApiBuilder, PathsBuilder};
+
+    // A pool connects on first use; declaring needs no database.
+    let pool = pool_for("public", 1);
+    let declared = |layer: &IdempotencyLayer<_>| {
+        let mut openapi = OpenApiBuilder::new()
+            .paths(PathsBuilder::new().path(
+                "/orders",
+                PathItem::new(HttpMethod::Post, OperationBuilder::new().build()),
+            ))
+            .build();
+        IdempotencyDoc::for_layer(layer)
+            .operation(Method::POST, "/orders")
+            .apply(&mut openapi)
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_str(&openapi.to_json().unwrap()).unwrap();
+        let post = json["paths"]["/orders"]["post"].clone();
+        (
+            post["parameters"][0]["required"].clone(),
+            post["responses"].get("429").is_some(),
+        )
+    };
+    let default = IdempotencyLayer::new(pool.clone());
+    assert_eq!(declared(&default), (serde_json::json!(true), false));
+    let optional = IdempotencyLayer::new(pool)
+        .key_required(false)
+        .key_attempt_limit(5);
+    assert_eq!(declared(&optional), (serde_json::json!(false), true));
+}

@@ -4,12 +4,14 @@
 //! keyed operations. Without the feature there is no such route (404).
 
 use axum::Router;
+use axum_idempotency::{IdempotencyLayer, LeaseStore};
 
-/// The routes to merge into the application: `GET /openapi.json`, or none.
-pub(crate) fn router() -> Router {
+/// The routes to merge into the application: `GET /openapi.json`, declaring the key as
+/// `layer` is configured, or none.
+pub(crate) fn router<D: LeaseStore>(layer: &IdempotencyLayer<D>) -> Router {
     #[cfg(feature = "utoipa")]
     {
-        let json = document()
+        let json = document(layer)
             .to_json()
             .expect("an OpenAPI document serializes to JSON");
         Router::new().route(
@@ -22,6 +24,7 @@ pub(crate) fn router() -> Router {
     }
     #[cfg(not(feature = "utoipa"))]
     {
+        let _ = layer;
         Router::new()
     }
 }
@@ -29,7 +32,7 @@ pub(crate) fn router() -> Router {
 /// The document: the operations as the handlers implement them, then the idempotency
 /// contract on the keyed ones.
 #[cfg(feature = "utoipa")]
-fn document() -> utoipa::openapi::OpenApi {
+fn document<D: LeaseStore>(layer: &IdempotencyLayer<D>) -> utoipa::openapi::OpenApi {
     use axum::http::Method;
     use axum_idempotency::openapi::IdempotencyDoc;
     use utoipa::openapi::path::{HttpMethod, OperationBuilder, ParameterBuilder, ParameterIn};
@@ -217,7 +220,7 @@ fn document() -> utoipa::openapi::OpenApi {
                 .build(),
         ))
         .build();
-    IdempotencyDoc::new()
+    IdempotencyDoc::for_layer(layer)
         .operation(Method::POST, "/orders")
         .operation(Method::POST, "/orders/{order_no}/pay")
         .apply(&mut openapi)

@@ -89,6 +89,16 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
         }
     }
 
+    /// Whether a request without a key is refused (`key_required`), and whether hot keys
+    /// get 429 (`key_attempt_limit`): what the layer's OpenAPI declaration follows.
+    #[cfg_attr(not(feature = "utoipa"), allow(dead_code))]
+    pub(crate) fn contract(&self) -> (bool, bool) {
+        (
+            self.config.key_required,
+            self.config.attempt_limit.is_some(),
+        )
+    }
+
     fn with(mut self, f: impl FnOnce(&mut Config<D>)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
