@@ -27,8 +27,9 @@
 //!
 //! sqlx cannot pipeline, so each step costs a round trip per statement: the claim is the
 //! record's lookup outside any transaction (all a replay needs), then, on the same
-//! connection, `BEGIN` and the claim function (three round trips where tokio-postgres
-//! needs two); the completion is the record's insert, then `COMMIT`. The semantics are the same: the claim
+//! connection, `BEGIN` and the claim function: three round trips before the handler's
+//! first statement, where tokio-postgres spends one. The completion is the record's
+//! insert, then `COMMIT`. The semantics are the same: the claim
 //! takes the key's lock before it reads the record, `COMMIT` carries the record, and a
 //! connection goes back to the pool only after its transaction ended — an
 //! `sqlx::Transaction` that is dropped unfinished rolls back before its connection is
