@@ -90,6 +90,15 @@ pub trait PooledClient: Send + Sync + 'static {
         None
     }
 
+    /// The statement [`prepare_cached`](Self::prepare_cached) prepared for `query` and
+    /// `types` on this connection before, handed over without sending anything; `None`
+    /// when it is not known to be cached (the default). The claim of a new key rides with
+    /// the first statement that goes to the server, so a hit here costs no round trip.
+    fn cached_statement(&self, query: &str, types: &[Type]) -> Option<Statement> {
+        let _ = (query, types);
+        None
+    }
+
     /// Closes the connection instead of giving it back: its transaction state is unknown
     /// (a ROLLBACK failed or did not answer in time).
     fn discard(self: Box<Self>);
@@ -101,8 +110,54 @@ mod deadpool {
     use crate::postgres::PgStore;
     use crate::store::IntoStore;
     use deadpool_postgres::{Object, Pool};
+    use futures_util::FutureExt;
     use tokio_postgres::types::Type;
     use tokio_postgres::{Client, Statement};
+
+    /// Which statements each live deadpool connection has in its statement cache, as far
+    /// as this crate prepared them: deadpool can only be asked by preparing, and a miss
+    /// would send the prepare before the claim. A connection is known by its cache's
+    /// address; the entry holds a `Weak` of it, so the address is not reused while the
+    /// entry lives, and entries of closed connections are dropped as new ones come.
+    mod known {
+        use std::collections::{HashMap, HashSet};
+        use std::sync::{Arc, Mutex, Weak};
+
+        use deadpool_postgres::StatementCache;
+        use tokio_postgres::types::Type;
+
+        type Queries = HashSet<(String, Vec<Type>)>;
+        type Known = HashMap<usize, (Weak<StatementCache>, Queries)>;
+
+        static KNOWN: Mutex<Option<Known>> = Mutex::new(None);
+
+        fn address(cache: &Arc<StatementCache>) -> usize {
+            Arc::as_ptr(cache) as usize
+        }
+
+        pub(super) fn contains(cache: &Arc<StatementCache>, query: &str, types: &[Type]) -> bool {
+            let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+            known
+                .as_ref()
+                .and_then(|known| known.get(&address(cache)))
+                .is_some_and(|(_, queries)| queries.contains(&(query.to_owned(), types.to_vec())))
+        }
+
+        pub(super) fn insert(cache: &Arc<StatementCache>, query: &str, types: &[Type]) {
+            let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+            let known = known.get_or_insert_with(HashMap::new);
+            let key = (query.to_owned(), types.to_vec());
+            if let Some((_, queries)) = known.get_mut(&address(cache)) {
+                queries.insert(key);
+                return;
+            }
+            known.retain(|_, (cache, _)| cache.strong_count() > 0);
+            known.insert(
+                address(cache),
+                (Arc::downgrade(cache), HashSet::from([key])),
+            );
+        }
+    }
 
     #[cfg_attr(docsrs, doc(cfg(feature = "deadpool")))]
     impl IntoStore for Pool {
@@ -134,7 +189,20 @@ mod deadpool {
             query: &'a str,
             types: &'a [Type],
         ) -> Option<BoxFuture<'a, Result<Statement, tokio_postgres::Error>>> {
-            Some(Box::pin(self.prepare_typed_cached(query, types)))
+            Some(Box::pin(async move {
+                let statement = self.prepare_typed_cached(query, types).await?;
+                known::insert(&self.statement_cache, query, types);
+                Ok(statement)
+            }))
+        }
+
+        fn cached_statement(&self, query: &str, types: &[Type]) -> Option<Statement> {
+            if !known::contains(&self.statement_cache, query, types) {
+                return None;
+            }
+            // In deadpool's cache (unless the application cleared it): a hit is ready at
+            // its first poll and sends nothing.
+            self.prepare_typed_cached(query, types).now_or_never()?.ok()
         }
 
         fn discard(self: Box<Self>) {

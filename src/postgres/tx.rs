@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use futures_util::FutureExt;
-
 use tokio_postgres::types::{BorrowToSql, ToSql};
 use tokio_postgres::{RowStream, Statement, ToStatement};
 
@@ -156,11 +154,12 @@ impl PgTx {
     /// prepared statements off with
     /// [`IdempotencyLayer::prepared_statements`](crate::IdempotencyLayer::prepared_statements).
     ///
-    /// A statement this connection has already prepared is handed over at once, without a
-    /// round trip, so the claim of a new key still rides with the handler's first
-    /// statement: `prepare_cached` then `query` costs the round trips of the handler alone.
-    /// The first time on a connection, the prepare leaves first and the claim follows it
-    /// in the same round trip.
+    /// A statement this connection has already prepared here is handed over at once,
+    /// without a round trip, so the claim of a new key rides with the handler's first
+    /// statement: on deadpool, `prepare_cached` then `query` costs the round trips of the
+    /// handler alone. The first time on a connection, the prepare carries the claim (sent
+    /// after it, so a prepare that waits on a table another session locked does not keep a
+    /// duplicate from being answered 409).
     pub async fn prepare_cached(&self, query: &str) -> Result<Statement, Error> {
         if is_transaction_control(query) {
             return Err(Error::TransactionControl);
@@ -169,14 +168,16 @@ impl PgTx {
         let Some(conn) = slot.as_ref() else {
             return Err(Error::TransactionEnded);
         };
-        let Some(mut cached) = conn.pooled().prepare_cached(query, &[]) else {
-            return run_on(conn, async |conn| conn.client().prepare(query).await).await;
-        };
-        // A cache hit is ready at its first poll and sends nothing.
-        if let Some(hit) = (&mut cached).now_or_never() {
-            return hit.map_err(Error::Postgres);
+        if let Some(statement) = conn.pooled().cached_statement(query, &[]) {
+            return Ok(statement);
         }
-        run_on(conn, async move |_| cached.await).await
+        run_on(conn, async |conn| {
+            match conn.pooled().prepare_cached(query, &[]) {
+                Some(cached) => cached.await,
+                None => conn.client().prepare(query).await,
+            }
+        })
+        .await
     }
 }
 
