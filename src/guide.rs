@@ -8,33 +8,12 @@
 //! | [`inbox`] | the [`Inbox`](crate::Inbox) for message consumers: duplicates, failures, dead-lettering |
 //! | [`outbox`] | the transactional outbox: enqueueing in the handler's transaction, the relay, RabbitMQ, ordering, what is guaranteed, scheduled jobs |
 //! | [`rabbitmq_cluster`] | running with a RabbitMQ cluster: quorum queues, what a confirm guarantees, several addresses, a node failure step by step, why the Inbox is still required, `x-delivery-limit` and `max_attempts` |
-#![cfg_attr(
-    feature = "client",
-    doc = "| [`client`] | calling an idempotent API (feature `client`): one key per intent, what to retry, the retrying `reqwest-middleware` middleware |"
-)]
-#![cfg_attr(
-    not(feature = "client"),
-    doc = "| `client` (with feature `client`) | calling an idempotent API: one key per intent, what to retry, the retrying `reqwest-middleware` middleware |"
-)]
-#![cfg_attr(
-    feature = "utoipa",
-    doc = "| [`openapi`] | declaring the contract in a utoipa OpenAPI document (feature `utoipa`): the header, the problem responses and their codes, `Idempotent-Replayed` |"
-)]
-#![cfg_attr(
-    not(feature = "utoipa"),
-    doc = "| `openapi` (with feature `utoipa`) | declaring the contract in a utoipa OpenAPI document: the header, the problem responses and their codes, `Idempotent-Replayed` |"
-)]
+//! | `client` (feature `client`) | calling an idempotent API: one key per intent, what to retry, the retrying `reqwest-middleware` middleware |
+//! | `openapi` (feature `utoipa`) | declaring the contract in a utoipa OpenAPI document: the header, the problem responses and their codes, `Idempotent-Replayed` |
 //! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling |
 //! | [`failover`] | running with a standby: a multi-host URL, what clients see during a failover, durability with synchronous and asynchronous replication |
 //! | [`monitoring`] | the Grafana dashboard and Prometheus alerts shipped in `monitoring/`: wiring the recorder, importing the dashboard, loading the rules, and a runbook for every alert |
-#![cfg_attr(
-    feature = "console",
-    doc = "| [`console`] | the troubleshooting console (feature `console`): mounting it behind your auth, its pages and actions, CSRF and CSP, the index behind every list |"
-)]
-#![cfg_attr(
-    not(feature = "console"),
-    doc = "| `console` (with feature `console`) | the troubleshooting console: mounting it behind your auth, its pages and actions, CSRF and CSP, the index behind every list |"
-)]
+//! | `console` (feature `console`) | the troubleshooting console: mounting it behind your auth, its pages and actions, CSRF and CSP, the index behind every list |
 //! | [`security`] | scopes, what is stored and what is not, encryption at rest, TLS to PostgreSQL |
 //! | [`stability`] | what belongs to the API: the HTTP contract, metric names, the schema, the minimum Rust per feature, the public dependencies and their re-exports |
 //! | [`design`] | why it is built this way, and what the alternatives cost when measured: the claim's shapes and round trips, lease mode's completion, the two drivers, where the time goes |

@@ -90,13 +90,21 @@ pub trait PooledClient: Send + Sync + 'static {
         None
     }
 
-    /// The statement [`prepare_cached`](Self::prepare_cached) prepared for `query` and
-    /// `types` on this connection before, handed over without sending anything; `None`
-    /// when it is not known to be cached (the default). The claim of a new key rides with
-    /// the first statement that goes to the server, so a hit here costs no round trip.
-    fn cached_statement(&self, query: &str, types: &[Type]) -> Option<Statement> {
-        let _ = (query, types);
+    /// The statement a handler's `prepare_cached` prepared for `query` on this connection
+    /// before (see [`remember_cached`](Self::remember_cached)), handed over without
+    /// sending anything; `None` (the default) when it is not known to be cached. The claim
+    /// of a new key rides with the first statement that goes to the server, so a hit here
+    /// costs no round trip.
+    fn cached_statement(&self, query: &str) -> Option<Statement> {
+        let _ = query;
         None
+    }
+
+    /// Notes that [`prepare_cached`](Self::prepare_cached) of `query` (no declared types)
+    /// succeeded on this connection, for [`cached_statement`](Self::cached_statement).
+    /// The default forgets it.
+    fn remember_cached(&self, query: &str) {
+        let _ = query;
     }
 
     /// Closes the connection instead of giving it back: its transaction state is unknown
@@ -114,48 +122,43 @@ mod deadpool {
     use tokio_postgres::types::Type;
     use tokio_postgres::{Client, Statement};
 
-    /// Which statements each live deadpool connection has in its statement cache, as far
-    /// as this crate prepared them: deadpool can only be asked by preparing, and a miss
-    /// would send the prepare before the claim. A connection is known by its cache's
-    /// address; the entry holds a `Weak` of it, so the address is not reused while the
-    /// entry lives, and entries of closed connections are dropped as new ones come.
+    /// The handlers' statements each live deadpool connection has in its statement cache:
+    /// deadpool can only be asked by preparing, and a miss would send the prepare ahead of
+    /// the claim. A connection is known by its cache's address; the entry holds a `Weak`
+    /// of it, so the address is not reused while the entry lives, and entries of closed
+    /// connections are dropped as new ones come.
     mod known {
         use std::collections::{HashMap, HashSet};
-        use std::sync::{Arc, Mutex, Weak};
+        use std::sync::{Arc, RwLock, Weak};
 
         use deadpool_postgres::StatementCache;
-        use tokio_postgres::types::Type;
 
-        type Queries = HashSet<(String, Vec<Type>)>;
-        type Known = HashMap<usize, (Weak<StatementCache>, Queries)>;
+        type Known = HashMap<usize, (Weak<StatementCache>, HashSet<String>)>;
 
-        static KNOWN: Mutex<Option<Known>> = Mutex::new(None);
+        static KNOWN: RwLock<Option<Known>> = RwLock::new(None);
 
         fn address(cache: &Arc<StatementCache>) -> usize {
             Arc::as_ptr(cache) as usize
         }
 
-        pub(super) fn contains(cache: &Arc<StatementCache>, query: &str, types: &[Type]) -> bool {
-            let known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        pub(super) fn contains(cache: &Arc<StatementCache>, query: &str) -> bool {
+            let known = KNOWN.read().unwrap_or_else(|e| e.into_inner());
             known
                 .as_ref()
                 .and_then(|known| known.get(&address(cache)))
-                .is_some_and(|(_, queries)| queries.contains(&(query.to_owned(), types.to_vec())))
+                .is_some_and(|(_, queries)| queries.contains(query))
         }
 
-        pub(super) fn insert(cache: &Arc<StatementCache>, query: &str, types: &[Type]) {
-            let mut known = KNOWN.lock().unwrap_or_else(|e| e.into_inner());
+        pub(super) fn insert(cache: &Arc<StatementCache>, query: &str) {
+            let mut known = KNOWN.write().unwrap_or_else(|e| e.into_inner());
             let known = known.get_or_insert_with(HashMap::new);
-            let key = (query.to_owned(), types.to_vec());
             if let Some((_, queries)) = known.get_mut(&address(cache)) {
-                queries.insert(key);
+                queries.insert(query.to_owned());
                 return;
             }
             known.retain(|_, (cache, _)| cache.strong_count() > 0);
-            known.insert(
-                address(cache),
-                (Arc::downgrade(cache), HashSet::from([key])),
-            );
+            let queries = HashSet::from([query.to_owned()]);
+            known.insert(address(cache), (Arc::downgrade(cache), queries));
         }
     }
 
@@ -189,20 +192,20 @@ mod deadpool {
             query: &'a str,
             types: &'a [Type],
         ) -> Option<BoxFuture<'a, Result<Statement, tokio_postgres::Error>>> {
-            Some(Box::pin(async move {
-                let statement = self.prepare_typed_cached(query, types).await?;
-                known::insert(&self.statement_cache, query, types);
-                Ok(statement)
-            }))
+            Some(Box::pin(self.prepare_typed_cached(query, types)))
         }
 
-        fn cached_statement(&self, query: &str, types: &[Type]) -> Option<Statement> {
-            if !known::contains(&self.statement_cache, query, types) {
+        fn cached_statement(&self, query: &str) -> Option<Statement> {
+            if !known::contains(&self.statement_cache, query) {
                 return None;
             }
             // In deadpool's cache (unless the application cleared it): a hit is ready at
             // its first poll and sends nothing.
-            self.prepare_typed_cached(query, types).now_or_never()?.ok()
+            self.prepare_typed_cached(query, &[]).now_or_never()?.ok()
+        }
+
+        fn remember_cached(&self, query: &str) {
+            known::insert(&self.statement_cache, query);
         }
 
         fn discard(self: Box<Self>) {

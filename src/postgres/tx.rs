@@ -168,12 +168,16 @@ impl PgTx {
         let Some(conn) = slot.as_ref() else {
             return Err(Error::TransactionEnded);
         };
-        if let Some(statement) = conn.pooled().cached_statement(query, &[]) {
+        if let Some(statement) = conn.pooled().cached_statement(query) {
             return Ok(statement);
         }
         run_on(conn, async |conn| {
             match conn.pooled().prepare_cached(query, &[]) {
-                Some(cached) => cached.await,
+                Some(cached) => {
+                    let statement = cached.await?;
+                    conn.pooled().remember_cached(query);
+                    Ok(statement)
+                }
                 None => conn.client().prepare(query).await,
             }
         })

@@ -41,8 +41,6 @@
 //! `#[openapi(paths(...), modifiers(&IDEMPOTENT))]`, with a `static IDEMPOTENT: LazyLock<IdempotencyDoc>`
 //! (see [`IdempotencyDoc`]'s `Modify` implementation).
 
-use std::fmt;
-
 use http::{Method, StatusCode};
 use serde_json::Value;
 use utoipa::openapi::header::HeaderBuilder;
@@ -55,6 +53,10 @@ use crate::engine::key::MAX_KEY_LEN;
 use crate::http::IdempotencyLayer;
 use crate::http::rejection::RejectionKind;
 use crate::store::LeaseStore;
+
+mod error;
+
+pub use self::error::OpenApiError;
 
 /// The request header's name as documents spell it.
 const KEY_HEADER: &str = "Idempotency-Key";
@@ -387,44 +389,6 @@ impl utoipa::Modify for IdempotencyDoc {
         }
     }
 }
-
-/// Why [`IdempotencyDoc::apply`] changed nothing.
-///
-/// ```
-/// use axum_idempotency::openapi::OpenApiError;
-///
-/// # fn show(error: OpenApiError) {
-/// match error {
-///     OpenApiError::UnknownOperation { method, path } => eprintln!("no {method} {path}"),
-///     other => eprintln!("{other}"),
-/// }
-/// # }
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OpenApiError {
-    /// A marked operation is not in the document (or its method has no place in an OpenAPI
-    /// path item, such as `CONNECT`).
-    UnknownOperation {
-        /// The marked method.
-        method: Method,
-        /// The marked path.
-        path: String,
-    },
-}
-
-impl fmt::Display for OpenApiError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::UnknownOperation { method, path } => write!(
-                f,
-                "the OpenAPI document has no operation {method} {path} to declare idempotent"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for OpenApiError {}
 
 fn operation_mut<'a>(item: &'a mut PathItem, method: &Method) -> Option<&'a mut Operation> {
     let slot = match *method {
