@@ -821,7 +821,7 @@ async fn a_duplicate_whose_lock_follows_the_first_commit_replays<D: Driver>() {
         4,
         "CREATE FUNCTION pg_try_advisory_xact_lock(bigint) RETURNS boolean \
          LANGUAGE plpgsql VOLATILE AS $$ \
-         BEGIN PERFORM pg_catalog.pg_sleep(0.4); \
+         BEGIN PERFORM pg_catalog.pg_sleep(2); \
          RETURN pg_catalog.pg_try_advisory_xact_lock($1); END $$",
     )
     .await;
