@@ -692,7 +692,7 @@ async fn handler_cannot_end_the_shared_transaction() {
 async fn deadline_covers_handler_and_commit<D: Driver>() {
     let db = TestDb::new(1).await;
     let knobs = Arc::new(Knobs::default());
-    let layer = IdempotencyLayer::new(D::pool(&db)).handler_timeout(Duration::from_millis(300));
+    let layer = IdempotencyLayer::new(D::pool(&db)).handler_timeout(Duration::from_secs(1));
     let app = router(Arc::clone(&knobs), layer);
     // A handler that never returns, and one whose response body never ends.
     for (key, body) in [
