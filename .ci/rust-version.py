@@ -21,6 +21,8 @@ PUBLIC_FEATURES = [
     "deadpool",
     "bb8",
     "sqlx",
+    "mysql",
+    "sqlite",
     "redis",
     "encryption",
     "rabbitmq",

@@ -1,5 +1,7 @@
 //! End-to-end benchmark: the same create-order handler with and without the layer, over
-//! real HTTP on loopback, against the real PostgreSQL at `DATABASE_URL`.
+//! real HTTP on loopback, against the real PostgreSQL at `DATABASE_URL` — and, after its
+//! table, against MySQL/MariaDB at `MYSQL_URL` (feature `mysql`, when the variable is set)
+//! and SQLite on a file in a temporary directory (feature `sqlite`).
 //!
 //! ```text
 //! cargo bench --bench idempotency --all-features                 # full run (a few minutes)
@@ -11,6 +13,8 @@
 //! cargo bench --bench idempotency --all-features -- --seconds 8        # each run 8 s long
 //! cargo bench --bench idempotency --all-features -- --concurrency 16   # default 1,16,64
 //! cargo bench --bench idempotency --all-features -- --scale 10000000 --lever brin  # a table change first
+//! MYSQL_URL=mysql://root@127.0.0.1:3306 cargo bench --bench idempotency --all-features  # + MySQL
+//! cargo bench --bench idempotency --all-features -- --only sqlite-new,sqlite-replay  # SQLite's
 //! ```
 //!
 //! Every variant runs in this one process against one PostgreSQL, and each is reported
@@ -18,6 +22,13 @@
 //! the round with the median ratio is printed, so the figures survive a noisy machine.
 //! Beside each row, the same statements run without HTTP (the `ceiling` module): what the
 //! database alone allows for that path, and the share of it the whole path reaches.
+//!
+//! MySQL/MariaDB and SQLite each get a table of their own after PostgreSQL's: their
+//! `bare`, `new` and `replay` (`mysql-*`, `sqlite-*`), every round printed, each round's
+//! ratios taken against that database's own `bare` of the same round, and each round's
+//! database-alone rates (the `mysql` and `sqlite` modules' ceilings) measured right after
+//! its HTTP runs. SQLite also gets `sqlite-bare` and `sqlite-new` at concurrency 1, 4 and
+//! 16: what its one writer does to a route whose handler holds the transaction.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,12 +43,20 @@ use axum_idempotency::postgres::IdempotentTx;
 use axum_idempotency::postgres::PgStore;
 use axum_idempotency::{IdempotencyLayer, IdempotentLease, Sweeper};
 use deadpool_postgres::Pool;
+use futures_util::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 mod support;
+
+#[cfg(feature = "mysql")]
+#[path = "idempotency/mysql.rs"]
+mod on_mysql;
+#[cfg(feature = "sqlite")]
+#[path = "idempotency/sqlite.rs"]
+mod on_sqlite;
 
 use support::INSERT_ORDER;
 
@@ -265,14 +284,15 @@ mod ceiling {
         "UPDATE three_commit_records SET status = 'SUCCESS', response = $2 WHERE key = $1";
 
     /// Requests per second of `variant`'s statements alone, `None` for a variant with no
-    /// database work (the caches).
+    /// PostgreSQL work (the caches, and the other databases', measured by their modules).
     pub(super) async fn rate(
         pool: &Pool,
         variant: Variant,
         concurrency: usize,
         duration: Duration,
     ) -> Option<f64> {
-        if matches!(variant, Variant::CachedReplay | Variant::RedisReplay) {
+        if matches!(variant, Variant::CachedReplay | Variant::RedisReplay) || !variant.on_postgres()
+        {
             return None;
         }
         // Completed records to replay: the newest ones the HTTP runs wrote.
@@ -450,7 +470,14 @@ mod ceiling {
                 client.batch_execute("COMMIT").await.unwrap();
                 client.execute(&finish, &[&key, &body]).await.unwrap();
             }
-            Variant::CachedReplay | Variant::RedisReplay => {}
+            Variant::CachedReplay
+            | Variant::RedisReplay
+            | Variant::MySqlBare
+            | Variant::MySqlNew
+            | Variant::MySqlReplay
+            | Variant::SqliteBare
+            | Variant::SqliteNew
+            | Variant::SqliteReplay => {}
         }
     }
 }
@@ -512,6 +539,7 @@ impl Connection {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[cfg_attr(not(all(feature = "mysql", feature = "sqlite")), allow(dead_code))]
 enum Variant {
     Bare,
     BarePipelined,
@@ -524,6 +552,12 @@ enum Variant {
     SqlxBare,
     SqlxNew,
     SqlxReplay,
+    MySqlBare,
+    MySqlNew,
+    MySqlReplay,
+    SqliteBare,
+    SqliteNew,
+    SqliteReplay,
 }
 
 impl Variant {
@@ -531,8 +565,23 @@ impl Variant {
     fn baseline(self) -> Self {
         match self {
             Self::SqlxNew | Self::SqlxReplay => Self::SqlxBare,
+            Self::MySqlBare | Self::MySqlNew | Self::MySqlReplay => Self::MySqlBare,
+            Self::SqliteBare | Self::SqliteNew | Self::SqliteReplay => Self::SqliteBare,
             _ => Self::Bare,
         }
+    }
+
+    /// Whether the variant runs against PostgreSQL (the first table).
+    fn on_postgres(self) -> bool {
+        !matches!(
+            self,
+            Self::MySqlBare
+                | Self::MySqlNew
+                | Self::MySqlReplay
+                | Self::SqliteBare
+                | Self::SqliteNew
+                | Self::SqliteReplay
+        )
     }
 
     fn name(self) -> &'static str {
@@ -548,6 +597,12 @@ impl Variant {
             Self::ThreeCommit => "three-commit",
             Self::CachedReplay => "cached-replay",
             Self::RedisReplay => "redis-replay",
+            Self::MySqlBare => "mysql-bare",
+            Self::MySqlNew => "mysql-new",
+            Self::MySqlReplay => "mysql-replay",
+            Self::SqliteBare => "sqlite-bare",
+            Self::SqliteNew => "sqlite-new",
+            Self::SqliteReplay => "sqlite-replay",
         }
     }
 }
@@ -557,6 +612,9 @@ struct Figures {
     peak_rss_mib: f64,
     /// Every request's latency, sorted.
     latencies: Vec<Duration>,
+    /// Answers other than 201 (MySQL and SQLite only: a PostgreSQL variant stops the bench
+    /// at the first); not in `rps` or `latencies`.
+    errors: usize,
 }
 
 impl Figures {
@@ -571,6 +629,9 @@ impl Figures {
 
 /// The latency at quantile `q` of sorted `latencies`.
 fn quantile(latencies: &[Duration], q: f64) -> Duration {
+    if latencies.is_empty() {
+        return Duration::ZERO;
+    }
     latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)]
 }
 
@@ -621,13 +682,16 @@ async fn completed_keys(addr: SocketAddr, count: usize) -> Vec<(String, String)>
     keys
 }
 
-/// The servers under test: plain layer, in-process cache, Redis front line.
+/// The servers under test: plain layer, in-process cache, Redis front line, and the other
+/// drivers'.
 #[derive(Clone, Copy)]
 struct Servers {
     plain: SocketAddr,
     cached: SocketAddr,
     redis: Option<SocketAddr>,
     sqlx: Option<SocketAddr>,
+    mysql: Option<SocketAddr>,
+    sqlite: Option<SocketAddr>,
 }
 
 /// How long a run lasts: a number of requests, or (`--seconds`) a time.
@@ -644,12 +708,21 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
         Variant::SqlxBare | Variant::SqlxNew | Variant::SqlxReplay => {
             servers.sqlx.expect("built without the sqlx feature")
         }
+        Variant::MySqlBare | Variant::MySqlNew | Variant::MySqlReplay => servers
+            .mysql
+            .expect("built without the mysql feature, or no MYSQL_URL"),
+        Variant::SqliteBare | Variant::SqliteNew | Variant::SqliteReplay => {
+            servers.sqlite.expect("built without the sqlite feature")
+        }
         _ => servers.plain,
     };
     let replay_keys = match variant {
-        Variant::Replay | Variant::CachedReplay | Variant::RedisReplay | Variant::SqlxReplay => {
-            completed_keys(target, concurrency).await
-        }
+        Variant::Replay
+        | Variant::CachedReplay
+        | Variant::RedisReplay
+        | Variant::SqlxReplay
+        | Variant::MySqlReplay
+        | Variant::SqliteReplay => completed_keys(target, concurrency).await,
         _ => Vec::new(),
     };
     let (per_connection, deadline) = match load {
@@ -664,6 +737,7 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
             tokio::spawn(async move {
                 let mut connection = Connection::open(target).await;
                 let mut latencies = Vec::with_capacity(per_connection.min(1 << 16));
+                let mut errors = 0;
                 for i in 0..per_connection {
                     if deadline.is_some_and(|deadline| started.elapsed() >= deadline) {
                         break;
@@ -671,13 +745,17 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
                     let n = (worker * per_connection + i) as u64;
                     let sent = Instant::now();
                     let status = match variant {
-                        Variant::Bare | Variant::SqlxBare => {
-                            connection.post("/bare", None, &body_for(n)).await
-                        }
+                        Variant::Bare
+                        | Variant::SqlxBare
+                        | Variant::MySqlBare
+                        | Variant::SqliteBare => connection.post("/bare", None, &body_for(n)).await,
                         Variant::BarePipelined => {
                             connection.post("/bare-pipelined", None, &body_for(n)).await
                         }
-                        Variant::New | Variant::SqlxNew => {
+                        Variant::New
+                        | Variant::SqlxNew
+                        | Variant::MySqlNew
+                        | Variant::SqliteNew => {
                             connection
                                 .post("/orders", Some(&fresh_key()), &body_for(n))
                                 .await
@@ -695,21 +773,31 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
                         Variant::Replay
                         | Variant::CachedReplay
                         | Variant::RedisReplay
-                        | Variant::SqlxReplay => {
+                        | Variant::SqlxReplay
+                        | Variant::MySqlReplay
+                        | Variant::SqliteReplay => {
                             let (key, body) = replay.as_ref().unwrap();
                             connection.post("/orders", Some(key), body).await
                         }
                     };
+                    if status != 201 && !variant.on_postgres() {
+                        // A 503 (a lock or busy wait that ran out): counted, not timed.
+                        errors += 1;
+                        continue;
+                    }
                     latencies.push(sent.elapsed());
                     assert_eq!(status, 201, "{variant:?} answered {status}");
                 }
-                latencies
+                (latencies, errors)
             })
         })
         .collect();
     let mut latencies = Vec::new();
+    let mut errors = 0;
     for worker in workers {
-        latencies.extend(worker.await.unwrap());
+        let (worker_latencies, worker_errors) = worker.await.unwrap();
+        latencies.extend(worker_latencies);
+        errors += worker_errors;
     }
     let elapsed = started.elapsed();
     latencies.sort_unstable();
@@ -717,6 +805,7 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
         rps: latencies.len() as f64 / elapsed.as_secs_f64(),
         peak_rss_mib: peak_rss_mib(),
         latencies,
+        errors,
     }
 }
 
@@ -868,11 +957,14 @@ async fn main() {
     .await;
     let redis = redis_server(&pool).await;
     let sqlx = sqlx_server(&schema).await;
+    let (others, mysql, sqlite) = other_databases(&options).await;
     let servers = Servers {
         plain,
         cached,
         redis,
         sqlx,
+        mysql,
+        sqlite,
     };
 
     let mut variants = vec![
@@ -986,10 +1078,314 @@ async fn main() {
         load(&admin, &schema, records, "now() - interval '1 hour'").await;
         purge_under_load(&pool, servers).await;
     }
+    for (database, variants) in others {
+        other_database_run(
+            &database,
+            &variants,
+            servers,
+            &options,
+            concurrencies,
+            requests,
+        )
+        .await;
+        (database.cleanup)().await;
+    }
     admin
         .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
         .await
         .unwrap();
+}
+
+/// A database besides PostgreSQL: its three variants, served by its module's server, and
+/// its module's ceiling for them.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+struct OtherDatabase {
+    name: &'static str,
+    /// What ran: the server's version, the database or file, the pool.
+    about: String,
+    bare: Variant,
+    new: Variant,
+    replay: Variant,
+    /// Requests/s of a variant's statements alone at a concurrency, for a duration.
+    #[allow(clippy::type_complexity)]
+    ceiling: Box<dyn Fn(Variant, usize, Duration) -> BoxFuture<'static, f64>>,
+    /// Drops what the bench created (the MySQL database, the SQLite file).
+    cleanup: Box<dyn FnOnce() -> BoxFuture<'static, ()>>,
+}
+
+/// The other databases this build and environment have (MySQL when built with `mysql` and
+/// `MYSQL_URL` answers, SQLite when built with `sqlite`), each with the variants `--only`
+/// selects (its `bare` first; a database none of whose variants is named is left out), and
+/// their servers' addresses.
+async fn other_databases(
+    options: &Options,
+) -> (
+    Vec<(OtherDatabase, Vec<Variant>)>,
+    Option<SocketAddr>,
+    Option<SocketAddr>,
+) {
+    let selected =
+        |v: Variant| options.only.is_empty() || options.only.iter().any(|o| o == v.name());
+    #[allow(unused_mut)]
+    let mut others: Vec<OtherDatabase> = Vec::new();
+    #[allow(unused_mut)]
+    let mut mysql = None;
+    #[cfg(feature = "mysql")]
+    if let Some((database, addr)) = on_mysql::database().await {
+        mysql = Some(addr);
+        others.push(database);
+    }
+    #[cfg(feature = "sqlite")]
+    let sqlite = {
+        let (database, addr) = on_sqlite::database().await;
+        others.push(database);
+        Some(addr)
+    };
+    #[cfg(not(feature = "sqlite"))]
+    let sqlite = None;
+    let mut chosen = Vec::new();
+    for database in others {
+        let mut variants: Vec<Variant> = [database.new, database.replay]
+            .into_iter()
+            .filter(|&v| selected(v))
+            .collect();
+        if variants.is_empty() && !selected(database.bare) {
+            (database.cleanup)().await;
+            continue;
+        }
+        variants.insert(0, database.bare);
+        chosen.push((database, variants));
+    }
+    (chosen, mysql, sqlite)
+}
+
+/// One round of a database's variants: each one's HTTP figures, then, when measured, the
+/// same statements alone (`None` when not).
+struct Round {
+    variants: Vec<Variant>,
+    http: Vec<Figures>,
+    alone: Vec<Option<f64>>,
+}
+
+impl Round {
+    fn at(&self, variant: Variant) -> Option<usize> {
+        self.variants.iter().position(|v| *v == variant)
+    }
+}
+
+/// `rounds` rounds of `variants` at `concurrency` (after a warm-up of every path), each
+/// round's HTTP runs followed, with `ceiling_time`, by each variant's ceiling.
+async fn database_rounds(
+    database: &OtherDatabase,
+    variants: &[Variant],
+    servers: Servers,
+    concurrency: usize,
+    load: Load,
+    rounds: usize,
+    ceiling_time: Option<Duration>,
+) -> Vec<Round> {
+    for &variant in variants {
+        run(
+            variant,
+            servers,
+            concurrency,
+            Load::Requests(concurrency * 5),
+        )
+        .await;
+    }
+    let mut all = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let mut http = Vec::with_capacity(variants.len());
+        for &variant in variants {
+            http.push(run(variant, servers, concurrency, load).await);
+        }
+        let mut alone = Vec::with_capacity(variants.len());
+        for &variant in variants {
+            alone.push(match ceiling_time {
+                Some(time) => Some((database.ceiling)(variant, concurrency, time).await),
+                None => None,
+            });
+        }
+        all.push(Round {
+            variants: variants.to_vec(),
+            http,
+            alone,
+        });
+    }
+    all
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// How long a run lasts at `concurrency`, and its ceilings.
+fn loads(options: &Options, concurrency: usize, requests: usize) -> (Load, Duration) {
+    match options.seconds {
+        Some(seconds) => (
+            Load::Seconds(Duration::from_secs(seconds)),
+            Duration::from_secs(seconds),
+        ),
+        None if concurrency == 1 => (Load::Requests(requests / 3), Duration::from_secs(2)),
+        None => (Load::Requests(requests), Duration::from_secs(2)),
+    }
+}
+
+/// A database's table at every concurrency (every round, then the medians), and for
+/// SQLite the one-writer table.
+async fn other_database_run(
+    database: &OtherDatabase,
+    variants: &[Variant],
+    servers: Servers,
+    options: &Options,
+    concurrencies: &[usize],
+    requests: usize,
+) {
+    let bare = database.bare;
+    let mut measured: Vec<(usize, Vec<Round>)> = Vec::new();
+    println!("\n### {}: {}", database.name, database.about);
+    for &concurrency in concurrencies {
+        let (load, ceiling_time) = loads(options, concurrency, requests);
+        let rounds = database_rounds(
+            database,
+            variants,
+            servers,
+            concurrency,
+            load,
+            options.rounds,
+            Some(ceiling_time),
+        )
+        .await;
+        println!(
+            "\n| {} c={concurrency} | round | requests/s | p50 ms | p99 ms | non-201 | ratio to {} | database alone req/s | database alone ratio to {} | × database alone |",
+            database.name,
+            bare.name(),
+            bare.name()
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+        // Per round: (ratio, database-alone ratio, share) of each variant.
+        let mut per_variant: Vec<Vec<[f64; 6]>> = vec![Vec::new(); variants.len()];
+        for (r, round) in rounds.iter().enumerate() {
+            let base = round.at(bare).unwrap();
+            for (i, &variant) in variants.iter().enumerate() {
+                let figures = &round.http[i];
+                let alone = round.alone[i].unwrap_or(f64::NAN);
+                let ratio = figures.rps / round.http[base].rps;
+                let alone_ratio = alone / round.alone[base].unwrap_or(f64::NAN);
+                let share = figures.rps / alone;
+                per_variant[i].push([
+                    figures.rps,
+                    figures.p50().as_secs_f64() * 1000.0,
+                    figures.p99().as_secs_f64() * 1000.0,
+                    ratio,
+                    alone,
+                    alone_ratio,
+                ]);
+                println!(
+                    "| {} | {} | {:.0} | {} | {} | {} | {:.2} | {:.0} | {:.2} | {:.2} |",
+                    variant.name(),
+                    r + 1,
+                    figures.rps,
+                    ms(figures.p50()),
+                    ms(figures.p99()),
+                    figures.errors,
+                    ratio,
+                    alone,
+                    alone_ratio,
+                    share
+                );
+            }
+        }
+        if rounds.len() > 1 {
+            for (i, &variant) in variants.iter().enumerate() {
+                let column = |c: usize| median(per_variant[i].iter().map(|row| row[c]).collect());
+                let shares = per_variant[i].iter().map(|row| row[0] / row[4]).collect();
+                let errors: usize = rounds.iter().map(|round| round.http[i].errors).sum();
+                println!(
+                    "| {} | median | {:.0} | {:.2} | {:.2} | {} in all | {:.2} | {:.0} | {:.2} | {:.2} |",
+                    variant.name(),
+                    column(0),
+                    column(1),
+                    column(2),
+                    errors,
+                    column(3),
+                    column(4),
+                    column(5),
+                    median(shares)
+                );
+            }
+        }
+        measured.push((concurrency, rounds));
+    }
+    if database.name == "sqlite" && variants.contains(&database.new) {
+        one_writer(database, servers, options, requests, measured).await;
+    }
+}
+
+/// SQLite's one writer: `sqlite-bare` and `sqlite-new` at concurrency 1, 4 and 16 (the
+/// rounds of the main table reused where it ran that concurrency).
+async fn one_writer(
+    database: &OtherDatabase,
+    servers: Servers,
+    options: &Options,
+    requests: usize,
+    mut measured: Vec<(usize, Vec<Round>)>,
+) {
+    let (bare, new) = (database.bare, database.new);
+    println!(
+        "\n| {} one writer | round | {} req/s | p50 ms | p99 ms | {} req/s | p50 ms | p99 ms | non-201 | {} ÷ {} |",
+        database.name,
+        bare.name(),
+        new.name(),
+        new.name(),
+        bare.name()
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for concurrency in [1, 4, 16] {
+        let rounds = match measured.iter().position(|(c, _)| *c == concurrency) {
+            Some(at) => measured.swap_remove(at).1,
+            None => {
+                let (load, _) = loads(options, concurrency, requests);
+                database_rounds(
+                    database,
+                    &[bare, new],
+                    servers,
+                    concurrency,
+                    load,
+                    options.rounds,
+                    None,
+                )
+                .await
+            }
+        };
+        let mut ratios = Vec::new();
+        for (r, round) in rounds.iter().enumerate() {
+            let (b, n) = (
+                &round.http[round.at(bare).unwrap()],
+                &round.http[round.at(new).unwrap()],
+            );
+            ratios.push(n.rps / b.rps);
+            println!(
+                "| c={concurrency} | {} | {:.0} | {} | {} | {:.0} | {} | {} | {} | {:.2} |",
+                r + 1,
+                b.rps,
+                ms(b.p50()),
+                ms(b.p99()),
+                n.rps,
+                ms(n.p50()),
+                ms(n.p99()),
+                b.errors + n.errors,
+                n.rps / b.rps
+            );
+        }
+        if rounds.len() > 1 {
+            println!(
+                "| c={concurrency} | median | | | | | | | | {:.2} |",
+                median(ratios)
+            );
+        }
+    }
 }
 
 /// The article's scale: millions of existing records, then a purge under load.

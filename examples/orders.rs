@@ -1,10 +1,22 @@
 //! The example service the README runs: `POST /orders` takes effect once per
-//! `Idempotency-Key`, scoped by the `X-User-Id` header.
+//! `Idempotency-Key`, scoped by the `X-User-Id` header, on the database `DATABASE_URL`
+//! names:
+//!
+//! | `DATABASE_URL` | database | feature |
+//! |---|---|---|
+//! | unset | the SQLite file `orders.db` in the working directory, created on start | `sqlite` |
+//! | `sqlite:PATH` (e.g. `sqlite:/var/lib/orders.db`) | that SQLite file | `sqlite` |
+//! | `mysql://…` (or `mariadb://…`) | MySQL/MariaDB | `mysql` |
+//! | `postgres://…` (or `postgresql://…`) | PostgreSQL, through tokio-postgres over deadpool | `deadpool` (default) |
+//!
+//! The crate's tables and the service's own are created on start. The handlers are written
+//! once (below); each database's statements are in `examples/support/orders_db/`.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --example orders
-//! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: k1' \
-//!      -H 'content-type: application/json' -d '{"user_id": 1001, "amount": 299}'
+//! cargo run --example orders --features sqlite
+//! curl -i -X POST localhost:3000/orders -H "Idempotency-Key: $(uuidgen)" \
+//!      -H 'X-User-Id: 1001' -H 'content-type: application/json' \
+//!      -d '{"user_id": 1001, "amount": 299}'
 //! curl localhost:3000/metrics
 //! ```
 //!
@@ -22,7 +34,8 @@
 //!
 //! `AMQP_URL` may list a cluster's nodes separated by commas (the relay connects to the first
 //! that answers and moves on when its node fails); `QUEUE_TYPE=quorum` declares the queue as
-//! a quorum queue (default: a durable classic queue).
+//! a quorum queue (default: a durable classic queue). On PostgreSQL the relay is woken by
+//! `LISTEN`/`NOTIFY`; on MySQL and SQLite it polls.
 //! With `ADMIN_PASSWORD` set (and feature `console`), the troubleshooting console is at
 //! `/admin/`, behind HTTP Basic authentication as user `admin` with that password:
 //! `ADMIN_PASSWORD=secret cargo run --example orders --features console`, then open
@@ -36,22 +49,16 @@
 //! layer nor the handlers then use named prepared statements.
 
 use std::net::SocketAddr;
-use std::sync::OnceLock;
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use axum_idempotency::IdempotencyLayer;
-use axum_idempotency::outbox::OutboxMessage;
-use axum_idempotency::postgres::IdempotentTx;
-use axum_idempotency::postgres::PgStore;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use axum_idempotency::outbox::{Listener, OutboxMessage};
+use axum_idempotency::{IdempotencyLayer, IdempotentTx, IntoStore};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use serde::{Deserialize, Serialize};
-use tokio_postgres::NoTls;
-use tokio_postgres::types::Type;
+use serde::Deserialize;
 use tower_http::trace::TraceLayer;
 
 #[path = "support/console.rs"]
@@ -62,18 +69,15 @@ mod errors;
 mod json;
 #[path = "support/openapi.rs"]
 mod openapi;
+#[path = "support/orders_db/mod.rs"]
+mod orders_db;
 #[path = "support/relay.rs"]
 mod relay;
 
+use orders_db::{Order, OrdersDb};
+
 #[derive(Deserialize)]
 struct NewOrder {
-    user_id: i64,
-    amount: i64,
-}
-
-#[derive(Serialize)]
-struct Order {
-    order_no: String,
     user_id: i64,
     amount: i64,
 }
@@ -88,18 +92,6 @@ enum AppError {
 impl From<axum_idempotency::Error> for AppError {
     fn from(e: axum_idempotency::Error) -> Self {
         Self::Database(e)
-    }
-}
-
-impl From<tokio_postgres::Error> for AppError {
-    fn from(e: tokio_postgres::Error) -> Self {
-        Self::Database(e.into())
-    }
-}
-
-impl From<deadpool_postgres::PoolError> for AppError {
-    fn from(e: deadpool_postgres::PoolError) -> Self {
-        Self::Database(e.into())
     }
 }
 
@@ -141,36 +133,15 @@ impl IntoResponse for AppError {
     }
 }
 
-/// `PREPARED_STATEMENTS`: `false` for a PgBouncer without prepared-statement support.
-static PREPARED_STATEMENTS: OnceLock<bool> = OnceLock::new();
-
-fn prepared_statements() -> bool {
-    *PREPARED_STATEMENTS.get().unwrap_or(&true)
-}
-
-const INSERT_ORDER: &str = "INSERT INTO orders (order_no, user_id, amount) \
-                            VALUES ('ORD-' || nextval('orders_no_seq'), $1, $2) \
-                            RETURNING order_no";
-
 /// Creates an order. The order row and the idempotency record commit together.
-async fn create_order(
-    tx: IdempotentTx,
+async fn create_order<D: OrdersDb>(
+    mut tx: IdempotentTx<D>,
     json::JsonBody(order): json::JsonBody<NewOrder>,
 ) -> Result<impl IntoResponse, AppError> {
     if order.amount <= 0 {
         return Err(AppError::InvalidAmount);
     }
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&order.user_id, &order.amount];
-    let row = if prepared_statements() {
-        // Prepared once per pooled connection, then reused.
-        let insert = tx.prepare_cached(INSERT_ORDER).await?;
-        tx.query_one(&insert, &params).await?
-    } else {
-        // Prepared, run and closed inside the request's transaction, which PgBouncer keeps
-        // on one server connection.
-        tx.query_one(INSERT_ORDER, &params).await?
-    };
-    let order_no: String = row.get(0);
+    let order_no = D::insert_order(&mut tx, order.user_id, order.amount).await?;
     let location = format!("/orders/{order_no}");
     Ok((
         StatusCode::CREATED,
@@ -183,20 +154,15 @@ async fn create_order(
     ))
 }
 
-const PAY_ORDER: &str = "UPDATE orders SET status = 'PAID' \
-                         WHERE order_no = $1 AND status = 'NEW' RETURNING user_id";
-
 /// Pays an order. The state-machine guard (`NEW` → `PAID`, a conditional update) and the
 /// `payment-succeeded` message commit with the idempotency record, or not at all: the
 /// message is enqueued only when this request changed the order, so paying it again under
 /// another key answers the same and announces nothing.
-async fn pay_order(
-    mut tx: IdempotentTx,
+async fn pay_order<D: OrdersDb>(
+    mut tx: IdempotentTx<D>,
     Path(order_no): Path<String>,
 ) -> Result<Response, AppError> {
-    let paid = tx.query_opt(PAY_ORDER, &[&order_no]).await?;
-    if let Some(row) = paid {
-        let user_id: i64 = row.get(0);
+    if let Some(user_id) = D::mark_paid(&mut tx, &order_no).await? {
         // The same id on every retry of this request: the consumer's Inbox keeps one.
         let message_id = tx.derive_key("payment-succeeded");
         let event = serde_json::json!({
@@ -208,52 +174,33 @@ async fn pay_order(
             .expect("a JSON object")
             .id(message_id);
         tx.enqueue(&message).await?;
-    } else {
-        let known = tx
-            .query_opt("SELECT 1 FROM orders WHERE order_no = $1", &[&order_no])
-            .await?;
-        if known.is_none() {
-            return Ok(AppError::UnknownOrder.into_response());
-        }
+    } else if !D::order_exists(&mut tx, &order_no).await? {
+        return Ok(AppError::UnknownOrder.into_response());
     }
     Ok(Json(serde_json::json!({ "order_no": order_no, "status": "PAID" })).into_response())
 }
 
-async fn get_order(
-    State(pool): State<Pool>,
+async fn get_order<D: OrdersDb>(
+    State(pool): State<D::Pool>,
     Path(order_no): Path<String>,
 ) -> Result<Response, AppError> {
-    let client = pool.get().await?;
-    // One round trip with the parameter type given, no named statement: it works the same
-    // with or without PgBouncer.
-    let row = client
-        .query_typed_opt(
-            "SELECT order_no, user_id, amount FROM orders WHERE order_no = $1",
-            &[(&order_no, Type::TEXT)],
-        )
-        .await?;
-    Ok(match row {
-        Some(row) => Json(Order {
-            order_no: row.get(0),
-            user_id: row.get(1),
-            amount: row.get(2),
-        })
-        .into_response(),
+    Ok(match D::find_order(&pool, &order_no).await? {
+        Some(order) => Json(order).into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     })
 }
 
 /// The application: the idempotent routes under the layer, `/metrics` beside them.
-fn app(
-    pool: Pool,
-    idempotency: IdempotencyLayer<PgStore>,
+fn app<D: OrdersDb>(
+    pool: D::Pool,
+    idempotency: IdempotencyLayer<D>,
     metrics: PrometheusHandle,
     console: Router,
 ) -> Router {
     Router::new()
-        .route("/orders", post(create_order))
-        .route("/orders/{order_no}", get(get_order))
-        .route("/orders/{order_no}/pay", post(pay_order))
+        .route("/orders", post(create_order::<D>))
+        .route("/orders/{order_no}", get(get_order::<D>))
+        .route("/orders/{order_no}/pay", post(pay_order::<D>))
         .layer(idempotency.clone())
         .with_state(pool)
         .route(
@@ -263,24 +210,6 @@ fn app(
         .merge(openapi::router(&idempotency))
         .merge(console)
         .layer(TraceLayer::new_for_http())
-}
-
-async fn create_schema(pool: &Pool) -> Result<(), axum_idempotency::Error> {
-    axum_idempotency::migrate(pool).await?;
-    let client = pool.get().await?;
-    client
-        .batch_execute(
-            "CREATE SEQUENCE IF NOT EXISTS orders_no_seq;
-             CREATE TABLE IF NOT EXISTS orders (
-                 order_no   text        PRIMARY KEY,
-                 user_id    bigint      NOT NULL,
-                 amount     bigint      NOT NULL,
-                 created_at timestamptz NOT NULL DEFAULT now()
-             );
-             ALTER TABLE orders ADD COLUMN IF NOT EXISTS status text NOT NULL DEFAULT 'NEW';",
-        )
-        .await?;
-    Ok(())
 }
 
 async fn shutdown_signal() {
@@ -306,13 +235,7 @@ async fn shutdown_signal() {
 async fn main() {
     if let Err(error) = run().await {
         // One line: what failed, and why, all the way down.
-        let mut line = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            line.push_str(&format!(": {cause}"));
-            source = cause.source();
-        }
-        eprintln!("orders example: {line}");
+        eprintln!("orders example: {}", errors::chain(&*error));
         std::process::exit(1);
     }
 }
@@ -352,6 +275,38 @@ impl std::error::Error for Startup {
     }
 }
 
+/// What the service was started with.
+struct Settings {
+    bind: SocketAddr,
+    /// `PREPARED_STATEMENTS`, when set.
+    prepared: Option<bool>,
+    metrics: PrometheusHandle,
+}
+
+/// The database `DATABASE_URL` names (unset: the SQLite file `orders.db`).
+enum Backend {
+    Sqlite(String),
+    MySql(String),
+    Postgres(String),
+}
+
+impl Backend {
+    fn from_env() -> Result<Self, String> {
+        let Ok(url) = std::env::var("DATABASE_URL") else {
+            return Ok(Self::Sqlite("sqlite:orders.db".to_owned()));
+        };
+        let scheme = url.split(':').next().unwrap_or_default();
+        match scheme {
+            "sqlite" => Ok(Self::Sqlite(url)),
+            "mysql" | "mariadb" => Ok(Self::MySql(url.replacen("mariadb:", "mysql:", 1))),
+            "postgres" | "postgresql" => Ok(Self::Postgres(url)),
+            _ => Err(format!(
+                "DATABASE_URL must start with sqlite:, mysql:// or postgres:// (it starts with {scheme:?})"
+            )),
+        }
+    }
+}
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -362,37 +317,137 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         // Colours only for a terminal, never into a redirected log.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let metrics = PrometheusBuilder::new().install_recorder()?;
-    let database_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let bind: SocketAddr = std::env::var("BIND_ADDR")
-        .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
-        .parse()?;
-    let prepared = match std::env::var("PREPARED_STATEMENTS") {
-        Ok(value) => value
-            .parse::<bool>()
-            .map_err(|_| format!("PREPARED_STATEMENTS must be `true` or `false`, not {value:?}"))?,
-        Err(_) => true,
+    let settings = Settings {
+        bind: std::env::var("BIND_ADDR")
+            .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
+            .parse()?,
+        prepared: match std::env::var("PREPARED_STATEMENTS") {
+            Ok(value) => Some(value.parse::<bool>().map_err(|_| {
+                format!("PREPARED_STATEMENTS must be `true` or `false`, not {value:?}")
+            })?),
+            Err(_) => None,
+        },
+        metrics: PrometheusBuilder::new().install_recorder()?,
     };
-    PREPARED_STATEMENTS.get_or_init(|| prepared);
+    match Backend::from_env()? {
+        Backend::Sqlite(url) => sqlite(&url, settings).await,
+        Backend::MySql(url) => mysql(&url, settings).await,
+        Backend::Postgres(url) => postgres(&url, settings).await,
+    }
+}
 
+/// The tables on `pool`, or the start-up error naming the database.
+async fn prepare<D: OrdersDb>(pool: &D::Pool, url: &str) -> Result<(), Startup> {
+    D::create_schema(pool).await.map_err(|e| Startup {
+        what: format!("could not prepare the database at {}", redacted(url)),
+        source: Box::new(e),
+    })
+}
+
+#[cfg(feature = "sqlite")]
+async fn sqlite(url: &str, settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
+    use std::str::FromStr;
+    use std::time::Duration;
+
+    use axum_idempotency::sqlite::SqliteStore;
+    use sqlx::sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+    };
+
+    // The URL's own settings (`mode=ro`, ...) with those of `SqliteStore::connect_options`
+    // on top: the file created (unless the URL asks for read-only), WAL, a busy timeout.
+    let options = SqliteConnectOptions::from_str(url)?
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(5))
+        .synchronous(SqliteSynchronous::Normal)
+        .foreign_keys(true);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_lazy_with(options);
+    prepare::<SqliteStore>(&pool, url).await?;
+    println!(
+        "orders example: SQLite database {}",
+        url.trim_start_matches("sqlite:")
+    );
+    serve(pool.clone(), pool, None, settings).await
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn sqlite(url: &str, _settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
+    Err(missing_feature(url, "sqlite"))
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql(url: &str, settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
+    use std::time::Duration;
+
+    use axum_idempotency::mysql::MySqlStore;
+    use sqlx::mysql::MySqlPoolOptions;
+
+    let pool = MySqlPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_lazy(url)?;
+    prepare::<MySqlStore>(&pool, url).await?;
+    serve(pool.clone(), pool, None, settings).await
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn mysql(url: &str, _settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
+    Err(missing_feature(url, "mysql"))
+}
+
+#[cfg(feature = "deadpool")]
+async fn postgres(url: &str, settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
+    use axum_idempotency::postgres::PgStore;
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+
+    orders_db::postgres::use_prepared_statements(settings.prepared.unwrap_or(true));
     let manager = Manager::from_config(
-        database_url.parse()?,
-        NoTls,
+        url.parse()?,
+        tokio_postgres::NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
     );
     let pool = Pool::builder(manager).max_size(16).build()?;
-    create_schema(&pool).await.map_err(|e| Startup {
-        what: format!(
-            "could not prepare the database at {}",
-            redacted(&database_url)
-        ),
-        source: Box::new(e),
-    })?;
+    prepare::<PgStore>(&pool, url).await?;
+    // LISTEN does not work behind a transaction-pooling PgBouncer (no prepared
+    // statements): the relay polls alone there.
+    let wake = (settings.prepared != Some(false))
+        .then(|| Listener::postgres(url.parse().expect("parsed above")));
+    serve(pool.clone(), pool, wake, settings).await
+}
 
-    let mut idempotency = IdempotencyLayer::new(pool.clone()).scope(|parts| {
+#[cfg(not(feature = "deadpool"))]
+async fn postgres(url: &str, _settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
+    Err(missing_feature(url, "deadpool"))
+}
+
+/// The error for a `DATABASE_URL` this build cannot serve.
+#[allow(dead_code)]
+fn missing_feature(url: &str, feature: &str) -> Box<dyn std::error::Error> {
+    format!(
+        "DATABASE_URL {} needs feature `{feature}`: cargo run --example orders --features {feature}",
+        redacted(url)
+    )
+    .into()
+}
+
+/// Serves the application on `store`'s database until Ctrl-C or SIGTERM, then drains the
+/// requests in flight and stops the relay.
+async fn serve<P>(
+    store: P,
+    pool: <P::Store as OrdersDb>::Pool,
+    wake: Option<Listener>,
+    settings: Settings,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    P: IntoStore + Clone + Send + Sync + 'static,
+    P::Store: OrdersDb,
+{
+    let mut idempotency = IdempotencyLayer::new(store.clone()).scope(|parts| {
         parts
             .headers
             .get("x-user-id")?
@@ -400,27 +455,28 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .ok()
             .map(str::to_owned)
     });
-    if std::env::var_os("PREPARED_STATEMENTS").is_some() {
+    let mut admin = axum_idempotency::Admin::new(store.clone());
+    if let Some(prepared) = settings.prepared {
         idempotency = idempotency.prepared_statements(prepared);
+        admin = admin.prepared_statements(prepared);
     }
-    let wake = axum_idempotency::outbox::Listener::postgres(database_url.parse()?);
-    let relay = relay::start(pool.clone(), wake, prepared).await?;
-    let listener = tokio::net::TcpListener::bind(bind).await?;
+    let relay = relay::start(store, wake, settings.prepared.unwrap_or(true)).await?;
+    let listener = tokio::net::TcpListener::bind(settings.bind).await?;
     println!(
         "orders example listening on http://{}",
         listener.local_addr()?
     );
     // ADMIN_PASSWORD: the troubleshooting console at /admin/.
-    let console = console::router(
-        axum_idempotency::Admin::new(pool.clone()).prepared_statements(prepared),
-        {
-            let metrics = metrics.clone();
-            move || metrics.render()
-        },
-    );
-    axum::serve(listener, app(pool, idempotency.clone(), metrics, console))
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
+    let console = console::router(admin, {
+        let metrics = settings.metrics.clone();
+        move || metrics.render()
+    });
+    axum::serve(
+        listener,
+        app(pool, idempotency.clone(), settings.metrics, console),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
     idempotency.drain().await;
     // After the drain: what the last requests enqueued is published before the relay stops.
     if let Some(relay) = relay {

@@ -364,7 +364,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .map(str::to_owned)
         })
         .prepared_statements(prepared);
-    let wake = axum_idempotency::outbox::Listener::sqlx(&pool);
+    // LISTEN does not work behind a transaction-pooling PgBouncer (no prepared
+    // statements): the relay polls alone there.
+    let wake = prepared.then(|| axum_idempotency::outbox::Listener::sqlx(&pool));
     let relay = relay::start(pool.clone(), wake, prepared).await?;
     let listener = tokio::net::TcpListener::bind(bind).await?;
     println!(

@@ -2,7 +2,12 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Without a driver feature nothing can run; the build still compiles, quietly.
 #![cfg_attr(
-    not(any(feature = "postgres", feature = "sqlx")),
+    not(any(
+        feature = "postgres",
+        feature = "sqlx",
+        feature = "mysql",
+        feature = "sqlite"
+    )),
     allow(dead_code, unused)
 )]
 
@@ -17,6 +22,9 @@ mod engine;
 pub mod guide;
 mod http;
 pub mod inbox;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "utoipa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
@@ -27,6 +35,9 @@ pub mod outbox;
 pub mod postgres;
 #[cfg(feature = "redis")]
 mod redis_front;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
 #[cfg(feature = "sqlx")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
 pub mod sqlx;

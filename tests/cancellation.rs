@@ -30,7 +30,7 @@ fn raw_post(key: &str, body: &str) -> String {
     )
 }
 
-async fn client_disconnect_mid_handler_still_commits_and_the_retry_replays<D: Driver>() {
+async fn client_disconnect_mid_handler_still_commits_and_the_retry_replays<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (knobs, gate) = gated();
     let app = router(Arc::clone(&knobs), IdempotencyLayer::new(D::pool(&db)));
@@ -68,7 +68,7 @@ async fn client_disconnect_mid_handler_still_commits_and_the_retry_replays<D: Dr
     db.assert_settles().await;
 }
 
-async fn client_disconnect_mid_handler_rolls_back_when_not_detached<D: Driver>() {
+async fn client_disconnect_mid_handler_rolls_back_when_not_detached<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (knobs, gate) = gated();
     let layer = IdempotencyLayer::new(D::pool(&db)).finish_on_disconnect(false);
@@ -151,14 +151,14 @@ async fn warm_up(db: &TestDb, app: &Router) {
         .unwrap();
 }
 
-fn inline_app<D: Driver>(db: &TestDb) -> (Router, Arc<Knobs>, D::Pool) {
+fn inline_app<D: PgDriver>(db: &TestDb) -> (Router, Arc<Knobs>, D::Pool) {
     let knobs = Arc::new(Knobs::default());
     let pool = D::pool(db);
     let layer = IdempotencyLayer::new(pool.clone()).finish_on_disconnect(false);
     (router(Arc::clone(&knobs), layer), knobs, pool)
 }
 
-async fn dropped_while_buffering_the_request_body<D: Driver>() {
+async fn dropped_while_buffering_the_request_body<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (app, knobs, pool) = inline_app::<D>(&db);
     let stream = futures_util::stream::once(async {
@@ -178,7 +178,7 @@ async fn dropped_while_buffering_the_request_body<D: Driver>() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-body").await;
 }
 
-async fn dropped_while_waiting_for_a_pooled_connection<D: Driver>() {
+async fn dropped_while_waiting_for_a_pooled_connection<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (app, knobs, pool) = inline_app::<D>(&db);
     let held = D::hold(&pool).await;
@@ -194,7 +194,7 @@ async fn dropped_while_waiting_for_a_pooled_connection<D: Driver>() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-pool").await;
 }
 
-async fn dropped_during_the_claim_round_trip<D: Driver>() {
+async fn dropped_during_the_claim_round_trip<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (app, knobs, _pool) = inline_app::<D>(&db);
     warm_up(&db, &app).await;
@@ -227,7 +227,7 @@ async fn dropped_during_the_claim_round_trip<D: Driver>() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-claim").await;
 }
 
-async fn dropped_inside_the_handler<D: Driver>() {
+async fn dropped_inside_the_handler<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (app, knobs, _pool) = inline_app::<D>(&db);
     let task = tokio::spawn(app.clone().oneshot(post_json(
@@ -243,7 +243,7 @@ async fn dropped_inside_the_handler<D: Driver>() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-handler-retry").await;
 }
 
-async fn dropped_while_buffering_the_response<D: Driver>() {
+async fn dropped_while_buffering_the_response<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (app, knobs, _pool) = inline_app::<D>(&db);
     let task = tokio::spawn(app.clone().oneshot(post_json(
@@ -259,7 +259,7 @@ async fn dropped_while_buffering_the_response<D: Driver>() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-response-retry").await;
 }
 
-async fn dropped_during_insert_and_commit<D: Driver>() {
+async fn dropped_during_insert_and_commit<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let (app, knobs, _pool) = inline_app::<D>(&db);
     warm_up(&db, &app).await;
@@ -295,7 +295,7 @@ async fn dropped_during_insert_and_commit<D: Driver>() {
     assert_all_or_nothing_after_drop(&db, &app, &knobs, "drop-commit").await;
 }
 
-async fn leaked_transaction_handle_fails_closed<D: Driver>() {
+async fn leaked_transaction_handle_fails_closed<D: PgDriver>() {
     let db = TestDb::new(1).await;
     let knobs = Arc::new(Knobs::default());
     let app = router(Arc::clone(&knobs), IdempotencyLayer::new(D::pool(&db)));

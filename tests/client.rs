@@ -75,6 +75,9 @@ async fn example_behind_proxy(db: &TestDb) -> (tokio::process::Child, String, Pr
 /// same (generated) key and gets the stored answer back; one order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_answer_is_retried_with_the_same_key_and_replayed() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::bare(1).await;
     let (_child, _addr, proxy) = example_behind_proxy(&db).await;
     let base = format!("http://127.0.0.1:{}", proxy.port());
@@ -98,6 +101,9 @@ async fn a_lost_answer_is_retried_with_the_same_key_and_replayed() {
 /// record and replays it; one order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_after_a_lost_commit_answer_is_retried_and_replayed() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::bare(1).await;
     let pg = Proxy::start().await;
     let url: tokio_postgres::Config = database_url().parse().unwrap();
@@ -124,6 +130,9 @@ async fn a_503_after_a_lost_commit_answer_is_retried_and_replayed() {
 /// waits that long, retries with the caller's key (never replaced) and gets the replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_in_flight_duplicate_waits_for_retry_after_and_gets_the_replay() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::bare(1).await;
     let (_child, addr) = start_orders_example(&[("DATABASE_URL", &schema_url(&db.schema))]).await;
     let base = format!("http://{addr}");
@@ -189,6 +198,9 @@ async fn an_in_flight_duplicate_waits_for_retry_after_and_gets_the_replay() {
 /// returned at once, after one try. Each logical request gets a key of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_422_is_returned_at_once_after_one_try() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::bare(1).await;
     let (_child, addr) = start_orders_example(&[("DATABASE_URL", &schema_url(&db.schema))]).await;
     let base = format!("http://{addr}");
@@ -230,6 +242,9 @@ async fn a_422_is_returned_at_once_after_one_try() {
 /// A streamed body cannot be sent twice: a clear error, and nothing sent.
 #[tokio::test]
 async fn a_streamed_body_is_refused_before_anything_is_sent() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let body = reqwest::Body::wrap(http_body_util::Full::new(bytes_of(
@@ -254,6 +269,9 @@ async fn a_streamed_body_is_refused_before_anything_is_sent() {
 /// created once, the answer is the replay, the example says so and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_order_client_example_creates_one_order_across_a_lost_answer() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::bare(1).await;
     let (_child, _addr, proxy) = example_behind_proxy(&db).await;
     proxy.cut_on(REQUEST_END, true);
@@ -307,6 +325,9 @@ fn uuid_version(key: &str) -> u32 {
 /// connection instead of a new one.
 #[tokio::test]
 async fn a_retry_reuses_the_connection_of_the_answer_it_retries() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     use std::collections::HashSet;
     use std::sync::{Arc, Mutex};
 

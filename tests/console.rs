@@ -458,6 +458,9 @@ async fn scalar_text(db: &TestDb, sql: &str) -> Option<String> {
 
 #[test]
 fn an_operator_uses_the_console_in_a_browser() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     // The scenario's future is large in a debug build: run it on a thread with room.
     std::thread::Builder::new()
         .stack_size(64 * 1024 * 1024)
@@ -793,7 +796,7 @@ async fn scenario() {
 
 /// The `Admin` operations behind the console's pages and actions, on every driver: keyset
 /// pages that neither skip nor repeat a row, and repairs fenced on what the page showed.
-async fn admin_pages_and_fenced_repairs<D: Driver>()
+async fn admin_pages_and_fenced_repairs<D: PgDriver>()
 where
     D::Store: axum_idempotency::MaintenanceStore
         + axum_idempotency::InboxStore
@@ -919,6 +922,9 @@ for_each_driver! {
 #[cfg(feature = "sqlx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sqlx_example_serves_the_console_behind_basic_auth() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let get = |path: &str, auth: bool| {
         let auth = if auth {
             format!("authorization: {}\r\n", authorization())

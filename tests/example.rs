@@ -5,40 +5,8 @@ mod common;
 
 use std::time::Duration;
 
+use common::raw_http::*;
 use common::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-
-/// One HTTP/1.1 exchange; returns status and body.
-async fn http(addr: &str, request: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let status = response[9..12].parse().unwrap();
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
-fn post_order(key: &str, amount: i64) -> String {
-    let body = format!(r#"{{"user_id": 1001, "amount": {amount}}}"#);
-    format!(
-        "POST /orders HTTP/1.1\r\nhost: x\r\nconnection: close\r\nidempotency-key: {key}\r\n\
-         x-user-id: 1001\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-}
-
-fn pay(order_no: &str, key: Option<&str>) -> String {
-    let key = key.map_or(String::new(), |key| format!("idempotency-key: {key}\r\n"));
-    format!(
-        "POST /orders/{order_no}/pay HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{key}\
-         x-user-id: 1001\r\ncontent-length: 0\r\n\r\n"
-    )
-}
 
 /// `POST /orders/{order_no}/pay`: NEW → PAID once, one `payment-succeeded` message in the
 /// outbox (no relay runs without `AMQP_URL`), the same answer for a replay and for a second
@@ -98,15 +66,11 @@ async fn pays_once_and_enqueues_one_message(db: &TestDb, addr: &str, order_no: &
     assert_eq!(status, "PAID");
 }
 
-fn metric(text: &str, outcome: &str) -> u64 {
-    let prefix = format!("idempotency_requests_total{{outcome=\"{outcome}\"}} ");
-    text.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .map_or(0, |value| value.trim().parse().unwrap())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_example_serves_idempotent_orders_and_metrics() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     serves_idempotent_orders_and_metrics("orders").await;
 }
 
@@ -114,6 +78,9 @@ async fn orders_example_serves_idempotent_orders_and_metrics() {
 #[cfg(feature = "sqlx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_sqlx_example_serves_idempotent_orders_and_metrics() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     serves_idempotent_orders_and_metrics("orders_sqlx").await;
 }
 
@@ -211,6 +178,9 @@ async fn serves_idempotent_orders_and_metrics(example: &str) {
 /// what the database said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_table_is_a_500_naming_migrate_and_logged_once() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::bare(1).await;
     let (_child, addr, log) =
         start_example_logged("orders", &[("DATABASE_URL", &schema_url(&db.schema))]).await;

@@ -34,6 +34,9 @@ fn assert_5xx(answer: &Answer) {
 /// nothing commits, and the retry runs once on a fresh connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_cut_mid_handler_rolls_back_and_the_retry_runs_once() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let proxy = Proxy::start().await;
     let pool = proxy.pool(&db.schema, 1);
@@ -75,6 +78,9 @@ async fn link_cut_mid_handler_rolls_back_and_the_retry_runs_once() {
 /// runs once — never twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_cut_after_commit_was_sent_never_runs_twice() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let proxy = Proxy::start().await;
     let pool = proxy.pool(&db.schema, 1);
@@ -119,6 +125,9 @@ async fn link_cut_after_commit_was_sent_never_runs_twice() {
 /// The same cut with the COMMIT withheld: nothing commits, the retry runs once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_cut_before_commit_was_sent_rolls_back_and_the_retry_runs_once() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let proxy = Proxy::start().await;
     let pool = proxy.pool(&db.schema, 1);
@@ -156,6 +165,9 @@ async fn link_cut_before_commit_was_sent_rolls_back_and_the_retry_runs_once() {
 /// size 1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn terminated_backend_mid_handler_rolls_back_and_is_not_reused() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let (knobs, gate) = gated();
     let app = router(Arc::clone(&knobs), IdempotencyLayer::new(db.pool.clone()));
@@ -258,6 +270,9 @@ fn post_order(key: &str, amount: i64) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn app_killed_mid_handler_the_retry_runs_exactly_once() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::bare(1).await;
     let (mut child, addr) =
         start_orders_example(&[("DATABASE_URL", &schema_url(&db.schema))]).await;
@@ -330,6 +345,9 @@ async fn grant(tx: &IdempotentTx) -> Result<(), Error> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_redelivery_after_a_cut_mid_work_processes_once() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let proxy = Proxy::start().await;
     let inbox = Inbox::new(proxy.pool(&db.schema, 1), "faults");
@@ -399,6 +417,9 @@ async fn inbox_redelivery_after_a_cut_mid_work_processes_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_redelivery_after_a_cut_after_commit_processes_once() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let proxy = Proxy::start().await;
     let inbox = Inbox::new(proxy.pool(&db.schema, 1), "faults");

@@ -28,14 +28,14 @@ async fn enqueue<S: TestStore>(
     Ok(StatusCode::OK)
 }
 
-fn app<D: Driver>(db: &TestDb) -> Router {
+fn app<D: PgDriver>(db: &TestDb) -> Router {
     Router::new()
         .route("/typo", post(typo::<D::Store>))
         .route("/enqueue", post(enqueue::<D::Store>))
         .layer(IdempotencyLayer::new(D::pool(db)))
 }
 
-async fn a_handlers_own_missing_column_is_a_database_error<D: Driver>() {
+async fn a_handlers_own_missing_column_is_a_database_error<D: PgDriver>() {
     let db = TestDb::new(2).await;
     let app = app::<D>(&db);
     let answer = send(&app, post_json("/typo", Some("typo-1"), &json!({}))).await;
@@ -50,7 +50,7 @@ async fn a_handlers_own_missing_column_is_a_database_error<D: Driver>() {
     assert_eq!(db.records().await, 0, "a 5xx stores nothing");
 }
 
-async fn the_crates_own_missing_table_names_migrate<D: Driver>() {
+async fn the_crates_own_missing_table_names_migrate<D: PgDriver>() {
     let db = TestDb::new(2).await;
     db.admin
         .batch_execute(&format!(

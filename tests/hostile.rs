@@ -44,6 +44,9 @@ fn trickle(every: Duration) -> Body {
 
 #[tokio::test]
 async fn oversized_keys_are_400_problem_documents() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let (app, knobs) = app(IdempotencyLayer::new(db.pool.clone()));
     let long = "k".repeat(300);
@@ -86,6 +89,9 @@ async fn oversized_keys_are_400_problem_documents() {
 
 #[tokio::test]
 async fn oversized_bodies_are_413_never_5xx() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let (app, knobs) = app(IdempotencyLayer::new(db.pool.clone()).body_limit(1024));
     let big = format!(r#"{{"amount": 1, "pad": "{}"}}"#, "x".repeat(4096));
@@ -138,6 +144,9 @@ async fn oversized_bodies_are_413_never_5xx() {
 
 #[tokio::test]
 async fn hostile_json_bodies_are_4xx_or_stable_never_5xx() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let (app, knobs) = app(IdempotencyLayer::new(db.pool.clone()));
     let digits = format!("1{}", "0".repeat(399));
@@ -180,6 +189,9 @@ async fn hostile_json_bodies_are_4xx_or_stable_never_5xx() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_body_is_cut_by_body_timeout_and_holds_no_connection() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let timeout = Duration::from_millis(600);
     let (app, knobs) = app(IdempotencyLayer::new(db.pool.clone()).body_timeout(timeout));
@@ -270,6 +282,9 @@ async fn hot_order(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 8)]
 async fn hot_key_burst_leaves_the_pool_serving_other_keys() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const BURST: usize = 500;
     let started = Instant::now();
     let db = TestDb::new(4).await;
@@ -361,6 +376,9 @@ async fn hot_key_burst_leaves_the_pool_serving_other_keys() {
 
 #[tokio::test]
 async fn a_key_never_replays_across_scopes() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     for cached in [false, true] {
         let db = TestDb::new(2).await;
         let mut layer = scoped(IdempotencyLayer::new(db.pool.clone()));
@@ -420,6 +438,9 @@ async fn a_key_never_replays_across_scopes() {
 
 #[tokio::test]
 async fn stored_headers_come_only_from_the_allowlist() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let layer = IdempotencyLayer::new(db.pool.clone())
         .keep_header(header::SET_COOKIE)

@@ -45,6 +45,9 @@ fn assert_limited(answer: &Answer) {
 /// in another scope, have counts of their own; the next second admits the key again.
 #[test]
 fn a_key_past_its_attempts_gets_429_before_postgres() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let capture = Arc::new(Capture::default());
     let recorder = Recorder(Arc::clone(&capture));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -129,6 +132,9 @@ fn a_key_past_its_attempts_gets_429_before_postgres() {
 /// limited, and neither is the 422 the cache gives another request under the key.
 #[tokio::test]
 async fn replays_from_the_in_process_cache_are_not_limited() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
     let layer = IdempotencyLayer::new(db.pool.clone())
@@ -162,6 +168,9 @@ async fn charge(_lease: IdempotentLease, Json(body): Json<Value>) -> (StatusCode
 /// the key in the same second gets 429 instead of a replay from PostgreSQL.
 #[tokio::test]
 async fn lease_mode_is_limited_too() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let started = Instant::now();
     let app = Router::new()
@@ -400,6 +409,9 @@ fn tally(replies: &[Reply]) -> std::collections::BTreeMap<u16, usize> {
 /// without the limiter, is printed, not asserted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_storm_on_one_key_leaves_other_keys_alone() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const LIMIT: usize = 20;
     let db = TestDb::new(8).await;
     let knobs = Arc::new(Knobs::default());

@@ -1,5 +1,5 @@
-//! The Inbox against real PostgreSQL: once per (consumer group, message id), failures
-//! recorded, poison messages given up on.
+//! The Inbox on every database: once per (consumer group, message id), failures recorded,
+//! poison messages given up on.
 
 mod common;
 
@@ -17,22 +17,12 @@ async fn grant(tx: &mut impl TestTx, user: i64) -> Result<(), Error> {
     tx.insert_order(user, 50).await.map(drop)
 }
 
-async fn record(db: &TestDb, group: &str, id: &str) -> Option<tokio_postgres::Row> {
-    db.admin
-        .query_opt(
-            &format!(
-                "SELECT status, attempts, last_error, payload_digest, payload \
-                 FROM {}.inbox_messages WHERE consumer_group = $1 AND message_id = $2",
-                db.schema
-            ),
-            &[&group, &id],
-        )
-        .await
-        .unwrap()
+async fn record(db: &impl TestDatabase, group: &str, id: &str) -> Option<MessageColumns> {
+    db.message_record(group, id).await
 }
 
 async fn a_message_is_processed_once_and_its_redelivery_is_a_duplicate<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let inbox = Inbox::new(D::pool(&db), "coupons");
     let runs = &AtomicUsize::new(0);
     let payload = br#"{"user_id":1001,"coupon_code":"NEW_USER_50"}"#;
@@ -53,22 +43,15 @@ async fn a_message_is_processed_once_and_its_redelivery_is_a_duplicate<D: Driver
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(db.orders().await, 1);
     let row = record(&db, "coupons", "msg-001").await.unwrap();
-    assert_eq!(row.get::<_, String>(0), "SUCCESS");
-    assert_eq!(row.get::<_, i32>(1), 1);
-    assert_eq!(
-        row.get::<_, Option<Vec<u8>>>(3),
-        Some(Sha256::digest(payload).to_vec())
-    );
-    assert_eq!(
-        row.get::<_, Option<Vec<u8>>>(4),
-        None,
-        "the payload is not kept by default"
-    );
+    assert_eq!(row.status, "SUCCESS");
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.payload_digest, Some(Sha256::digest(payload).to_vec()));
+    assert_eq!(row.payload, None, "the payload is not kept by default");
     db.assert_settles().await;
 }
 
 async fn the_payload_is_kept_only_when_asked<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let inbox = Inbox::new(D::pool(&db), "audit").store_payload(true);
     inbox
         .process_payload(
@@ -79,14 +62,11 @@ async fn the_payload_is_kept_only_when_asked<D: Driver>() {
         .await
         .unwrap();
     let row = record(&db, "audit", "m-1").await.unwrap();
-    assert_eq!(
-        row.get::<_, Option<Vec<u8>>>(4).as_deref(),
-        Some(&b"body"[..])
-    );
+    assert_eq!(row.payload.as_deref(), Some(&b"body"[..]));
 }
 
 async fn consumer_groups_are_independent<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     for group in ["coupons", "points"] {
         let inbox = Inbox::new(D::pool(&db), group);
         let outcome = inbox
@@ -99,7 +79,7 @@ async fn consumer_groups_are_independent<D: Driver>() {
 }
 
 async fn two_workers_with_the_same_message_run_it_once<D: Driver>() {
-    let db = TestDb::new(8).await;
+    let db = D::db(8).await;
     let inbox = Inbox::new(D::pool(&db), "coupons");
     let runs = Arc::new(AtomicUsize::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(8));
@@ -135,7 +115,7 @@ async fn two_workers_with_the_same_message_run_it_once<D: Driver>() {
 }
 
 async fn failures_roll_back_are_recorded_and_end_in_give_up<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let inbox = Inbox::new(D::pool(&db), "coupons").max_attempts(3);
     let runs = &AtomicUsize::new(0);
 
@@ -158,12 +138,9 @@ async fn failures_roll_back_are_recorded_and_end_in_give_up<D: Driver>() {
     );
     assert_eq!(db.orders().await, 0, "the work was rolled back");
     let row = record(&db, "coupons", "poison").await.unwrap();
-    assert_eq!(row.get::<_, String>(0), "FAILED");
-    assert_eq!(row.get::<_, i32>(1), 1);
-    assert_eq!(
-        row.get::<_, Option<String>>(2).as_deref(),
-        Some("coupon service said no")
-    );
+    assert_eq!(row.status, "FAILED");
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.last_error.as_deref(), Some("coupon service said no"));
 
     let second = inbox
         .process("poison", |mut tx| async move {
@@ -212,7 +189,7 @@ async fn failures_roll_back_are_recorded_and_end_in_give_up<D: Driver>() {
 }
 
 async fn a_retry_after_a_failure_can_succeed<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let inbox = Inbox::new(D::pool(&db), "coupons");
     let failed = inbox
         .process("flaky", |_tx| async { Err::<(), _>("timeout") })
@@ -227,9 +204,9 @@ async fn a_retry_after_a_failure_can_succeed<D: Driver>() {
         .unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
     let row = record(&db, "coupons", "flaky").await.unwrap();
-    assert_eq!(row.get::<_, String>(0), "SUCCESS");
-    assert_eq!(row.get::<_, i32>(1), 2);
-    assert_eq!(row.get::<_, Option<String>>(2), None);
+    assert_eq!(row.status, "SUCCESS");
+    assert_eq!(row.attempts, 2);
+    assert_eq!(row.last_error, None);
     assert_eq!(
         inbox
             .process("flaky", |_tx| async { Ok::<(), &str>(()) })
@@ -240,7 +217,7 @@ async fn a_retry_after_a_failure_can_succeed<D: Driver>() {
 }
 
 async fn invalid_message_ids_are_refused_cleanly<D: Driver>() {
-    let db = TestDb::new(1).await;
+    let db = D::db(1).await;
     let inbox = Inbox::new(D::pool(&db), "coupons");
     let long = "m".repeat(256);
     for id in [
@@ -261,19 +238,13 @@ async fn invalid_message_ids_are_refused_cleanly<D: Driver>() {
 }
 
 async fn an_expired_record_lets_the_message_run_again<D: Driver>() {
-    let db = TestDb::new(1).await;
+    let db = D::db(1).await;
     let inbox = Inbox::new(D::pool(&db), "coupons");
     inbox
         .process("old", |mut tx| async move { grant(&mut tx, 1).await })
         .await
         .unwrap();
-    db.admin
-        .batch_execute(&format!(
-            "UPDATE {}.inbox_messages SET expires_at = now() - interval '1 second'",
-            db.schema
-        ))
-        .await
-        .unwrap();
+    db.expire_messages().await;
     let outcome = inbox
         .process("old", |mut tx| async move { grant(&mut tx, 1).await })
         .await
@@ -284,7 +255,7 @@ async fn an_expired_record_lets_the_message_run_again<D: Driver>() {
 }
 
 async fn a_worker_that_waits_too_long_reports_busy<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let inbox = Inbox::new(D::pool(&db), "coupons").lock_timeout(Duration::from_millis(200));
     let gate = Arc::new(Semaphore::new(0));
     let started = Arc::new(Semaphore::new(0));
@@ -313,7 +284,7 @@ async fn a_worker_that_waits_too_long_reports_busy<D: Driver>() {
 }
 
 async fn a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once<D: Driver>() {
-    let db = TestDb::new(1).await;
+    let db = D::db(1).await;
     let inbox = Inbox::new(D::pool(&db), "coupons");
     let inserted = Arc::new(Semaphore::new(0));
     let doomed = tokio::spawn({
@@ -342,7 +313,7 @@ async fn a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once<D: Driv
 }
 
 async fn an_expired_failure_restarts_the_attempt_count<D: Driver>() {
-    let db = TestDb::new(1).await;
+    let db = D::db(1).await;
     let inbox = Inbox::new(D::pool(&db), "coupons").max_attempts(2);
     for _ in 0..2 {
         let _ = inbox
@@ -355,13 +326,7 @@ async fn an_expired_failure_restarts_the_attempt_count<D: Driver>() {
             .await,
         Ok(Outcome::GaveUp { attempts: 2, .. })
     ));
-    db.admin
-        .batch_execute(&format!(
-            "UPDATE {}.inbox_messages SET expires_at = now() - interval '1 second'",
-            db.schema
-        ))
-        .await
-        .unwrap();
+    db.expire_messages().await;
     // Past retention the message is new again: one more failure is attempt 1, not a give-up.
     let failed = inbox
         .process("stale-poison", |_tx| async { Err::<(), _>("again") })
@@ -380,14 +345,14 @@ async fn an_expired_failure_restarts_the_attempt_count<D: Driver>() {
         .unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
     let row = record(&db, "coupons", "stale-poison").await.unwrap();
-    assert_eq!(row.get::<_, String>(0), "SUCCESS");
+    assert_eq!(row.status, "SUCCESS");
     assert_eq!(db.orders().await, 1);
 }
 
 /// Two schedulers fire the same slot at once: the job runs once, the other learns it ran.
 /// A run that crashed mid-work rolled back, and the next firing runs it.
 async fn a_scheduled_slot_runs_once_across_schedulers_and_again_after_a_crash<D: Driver>() {
-    let db = TestDb::new(4).await;
+    let db = D::db(4).await;
     let jobs = Inbox::new(D::pool(&db), "scheduler");
     let runs = Arc::new(AtomicUsize::new(0));
 
@@ -451,7 +416,7 @@ async fn a_scheduled_slot_runs_once_across_schedulers_and_again_after_a_crash<D:
 /// A worker waiting for a message while another one fails it sees that failure before it
 /// runs: the failed attempt is recorded under the message's lock, so with `max_attempts(1)`
 /// the waiting worker gives up instead of running the work a second time.
-async fn a_waiting_worker_sees_the_failed_attempt_before_it_runs<D: Driver>() {
+async fn a_waiting_worker_sees_the_failed_attempt_before_it_runs<D: PgDriver>() {
     let db = TestDb::new(4).await;
     let inbox = Inbox::new(D::pool(&db), "coupons").max_attempts(1);
     let gate = Arc::new(Semaphore::new(0));
@@ -514,15 +479,10 @@ async fn a_waiting_worker_sees_the_failed_attempt_before_it_runs<D: Driver>() {
     );
     assert_eq!(db.orders().await, 0);
     let row = record(&db, "coupons", "poison").await.unwrap();
-    assert_eq!(
-        (row.get::<_, String>(0), row.get::<_, i32>(1)),
-        ("FAILED".to_owned(), 1)
-    );
+    assert_eq!((row.status.clone(), row.attempts), ("FAILED".to_owned(), 1));
 }
 
-for_each_driver! {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async a_waiting_worker_sees_the_failed_attempt_before_it_runs;
+for_each_database! {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async a_scheduled_slot_runs_once_across_schedulers_and_again_after_a_crash;
     #[tokio::test]
@@ -547,4 +507,9 @@ for_each_driver! {
     async a_worker_killed_mid_work_leaves_nothing_and_the_retry_runs_once;
     #[tokio::test]
     async an_expired_failure_restarts_the_attempt_count;
+}
+
+for_each_postgres_driver! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_waiting_worker_sees_the_failed_attempt_before_it_runs;
 }

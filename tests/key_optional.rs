@@ -10,7 +10,7 @@ use axum_idempotency::IdempotencyLayer;
 use common::*;
 use serde_json::json;
 
-async fn without_a_key_the_handler_runs_each_time_and_nothing_is_recorded<D: Driver>() {
+async fn without_a_key_the_handler_runs_each_time_and_nothing_is_recorded<D: PgDriver>() {
     let db = TestDb::new(4).await;
     let knobs = Arc::new(Knobs::default());
     let app = router(
@@ -46,7 +46,7 @@ async fn without_a_key_the_handler_runs_each_time_and_nothing_is_recorded<D: Dri
     db.assert_settles().await;
 }
 
-async fn by_default_a_request_without_a_key_is_refused<D: Driver>() {
+async fn by_default_a_request_without_a_key_is_refused<D: PgDriver>() {
     let db = TestDb::new(2).await;
     let knobs = Arc::new(Knobs::default());
     let app = router(Arc::clone(&knobs), IdempotencyLayer::new(D::pool(&db)));

@@ -14,6 +14,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("store", &["engine"]),
     ("postgres", &["store", "engine"]),
     ("sqlx", &["store", "engine"]),
+    ("mysql", &["store", "engine"]),
+    ("sqlite", &["store", "engine"]),
     ("redis_front", &["engine"]),
     ("http", &["store", "engine", "redis_front"]),
     ("inbox", &["store", "engine"]),

@@ -76,7 +76,7 @@ async fn no_statement<S: TestStore>(
     (StatusCode::ACCEPTED, "accepted".to_owned())
 }
 
-fn no_statement_app<D: Driver>(db: &TestDb) -> (Router, Gate) {
+fn no_statement_app<D: PgDriver>(db: &TestDb) -> (Router, Gate) {
     let gate = Gate {
         open: Arc::new(Semaphore::new(0)),
         arrived: Arc::new(Semaphore::new(0)),
@@ -95,7 +95,7 @@ fn noop(key: &str) -> axum::http::Request<axum::body::Body> {
 /// The key is held by another session when the handler's first statement leaves: that
 /// statement's result is withheld, the request is answered 409 `in_flight`, and what the
 /// statement wrote rolls back. Once the key is free, the retry runs.
-async fn a_first_statement_that_meets_a_held_key_is_answered_409<D: Driver>() {
+async fn a_first_statement_that_meets_a_held_key_is_answered_409<D: PgDriver>() {
     let db = TestDb::new(4).await;
     let knobs = Arc::new(Knobs::default());
     let app = router(Arc::clone(&knobs), IdempotencyLayer::new(D::pool(&db)));
@@ -129,7 +129,7 @@ async fn a_first_statement_that_meets_a_held_key_is_answered_409<D: Driver>() {
 /// committed between this request's look-up and its lock: the look-up under the lock finds
 /// the twin's record, so the request is answered from it (a replay), not with the
 /// handler's failure.
-async fn a_business_row_conflict_with_a_committed_twin_replays<D: Driver>() {
+async fn a_business_row_conflict_with_a_committed_twin_replays<D: PgDriver>() {
     let db = TestDb::shadowing(
         4,
         "CREATE FUNCTION pg_try_advisory_xact_lock(bigint) RETURNS boolean \
@@ -192,7 +192,7 @@ async fn a_business_row_conflict_with_a_committed_twin_replays<D: Driver>() {
 /// A handler that sends no statement: its record, the key's lock and `COMMIT` leave in
 /// one pipeline. A key held by another session stores nothing and is answered 409; a free
 /// one is stored, and a stored 4xx is replayed like any other.
-async fn a_handler_without_statements_stores_its_answer_under_the_lock<D: Driver>() {
+async fn a_handler_without_statements_stores_its_answer_under_the_lock<D: PgDriver>() {
     let db = TestDb::new(4).await;
     let (app, _gate) = no_statement_app::<D>(&db);
     let key = hold_key(&db, "quiet-1").await;
@@ -222,7 +222,7 @@ async fn a_handler_without_statements_stores_its_answer_under_the_lock<D: Driver
 /// claim while the second runs. With the lock deferred to the insert, the second commits
 /// and the first one's insert meets the primary key: it is answered from the second's
 /// record. A driver that locks before the handler answers the second 409 instead.
-async fn the_record_insert_refused_by_the_key_is_answered_from_the_twin<D: Driver>() {
+async fn the_record_insert_refused_by_the_key_is_answered_from_the_twin<D: PgDriver>() {
     let db = TestDb::new(4).await;
     let (app, gate) = no_statement_app::<D>(&db);
     let first = tokio::spawn({
@@ -280,7 +280,7 @@ async fn bump<S: TestStore>(
 /// lock, answered first in the same pipeline, is refused, and the statement waiting on the
 /// row is cancelled, so the duplicate is answered 409 while the twin still runs (a driver
 /// that locks the key before the handler answers it without sending the statement).
-async fn a_first_statement_waiting_on_its_twins_row_is_cancelled_and_answered_409<D: Driver>() {
+async fn a_first_statement_waiting_on_its_twins_row_is_cancelled_and_answered_409<D: PgDriver>() {
     let db = TestDb::new(4).await;
     db.admin
         .batch_execute(&format!(
@@ -357,6 +357,9 @@ async fn prepared(
 /// step refused; the request is answered 409 and the retry runs once the key is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cached_prepare_leaves_the_claim_to_the_first_statement() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(1).await;
     let steps = Steps::default();
     let app = Router::new()

@@ -1,4 +1,4 @@
-//! Lease mode (side effects outside the database) and derived keys, against real PostgreSQL.
+//! Lease mode (side effects outside the database) and derived keys, on every database.
 
 mod common;
 
@@ -106,7 +106,7 @@ async fn both<T: TestTx>(
 }
 
 fn app<D: Driver>(
-    db: &TestDb,
+    db: &D::Db,
     seen: &Arc<Seen>,
     layer: impl FnOnce(IdempotencyLayer<D::Store>) -> IdempotencyLayer<D::Store>,
 ) -> Router {
@@ -118,24 +118,13 @@ fn app<D: Driver>(
         .layer(Extension(Arc::clone(seen)))
 }
 
-async fn record(db: &TestDb) -> (String, bool, i64, i16, bool) {
-    let row = db
-        .admin
-        .query_one(
-            &format!(
-                "SELECT state, retryable, fencing_token, status, locked_until > now() IS TRUE \
-                 FROM {}.idempotency_records",
-                db.schema
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
-    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+/// The only record's (state, retryable, fencing token, status, lease still running).
+async fn record(db: &impl TestDatabase) -> (String, bool, i64, i16, bool) {
+    db.lease_record().await
 }
 
 async fn lease_commits_processing_first_and_success_after<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let seen = Seen::new(None);
     let app = app::<D>(&db, &seen, |l| l);
     let answer = send(
@@ -166,7 +155,7 @@ async fn lease_commits_processing_first_and_success_after<D: Driver>() {
 }
 
 async fn duplicate_during_the_lease_gets_409<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let gate = Arc::new(Semaphore::new(0));
     let seen = Seen::new(Some(Arc::clone(&gate)));
     let app = app::<D>(&db, &seen, |l| l.lease(Duration::from_secs(30)));
@@ -205,7 +194,7 @@ async fn duplicate_during_the_lease_gets_409<D: Driver>() {
 }
 
 async fn a_crashed_holder_is_taken_over_after_its_lease_expires<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let seen = Seen::new(None);
     let app = app::<D>(&db, &seen, |l| {
         l.lease(Duration::from_secs(1)).finish_on_disconnect(false)
@@ -259,7 +248,7 @@ async fn a_crashed_holder_is_taken_over_after_its_lease_expires<D: Driver>() {
 }
 
 async fn a_slow_holder_cannot_overwrite_the_newer_result<D: Driver>() {
-    let db = TestDb::new(4).await;
+    let db = D::db(4).await;
     let gate = Arc::new(Semaphore::new(0));
     let seen = Seen::new(Some(Arc::clone(&gate)));
     let app = app::<D>(&db, &seen, |l| l.lease(Duration::from_secs(1)));
@@ -292,7 +281,7 @@ async fn a_slow_holder_cannot_overwrite_the_newer_result<D: Driver>() {
 /// sequence, never the old holder's again, so the old holder's completion cannot land on
 /// the new lease.
 async fn a_holder_whose_record_was_purged_cannot_complete_the_next_lease<D: Driver>() {
-    let db = TestDb::new(4).await;
+    let db = D::db(4).await;
     let (old_gate, new_gate) = (Arc::new(Semaphore::new(0)), Arc::new(Semaphore::new(0)));
     let seen = Seen::gated(vec![Arc::clone(&old_gate), Arc::clone(&new_gate)]);
     let app = app::<D>(&db, &seen, |l| l);
@@ -303,10 +292,7 @@ async fn a_holder_whose_record_was_purged_cannot_complete_the_next_lease<D: Driv
     });
     seen.wait_started().await;
     let (_, _, old_token, _, _) = record(&db).await;
-    db.admin
-        .batch_execute(&format!("DELETE FROM {}.idempotency_records", db.schema))
-        .await
-        .unwrap();
+    db.execute("DELETE FROM idempotency_records").await;
     let new = tokio::spawn({
         let app = app.clone();
         async move { send(&app, request()).await }
@@ -330,7 +316,7 @@ async fn a_holder_whose_record_was_purged_cannot_complete_the_next_lease<D: Driv
 }
 
 async fn final_failures_replay_and_retryable_failures_run_again<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let seen = Seen::new(None);
     let app = app::<D>(&db, &seen, |l| l);
     // A deterministic 422: FAILED, not retryable, replayed.
@@ -359,7 +345,7 @@ async fn retryable_failures_and_panics_let_the_retry_take_over<D: Driver>() {
         ("pay-6", json!({"fail_first": 503})),
         ("pay-7", json!({"panic_first": true})),
     ] {
-        let db = TestDb::new(2).await;
+        let db = D::db(2).await;
         let seen = Seen::new(None);
         let app = app::<D>(&db, &seen, |l| l);
         let failed = send(&app, post_json("/charges", Some(key), &body)).await;
@@ -383,7 +369,7 @@ async fn retryable_failures_and_panics_let_the_retry_take_over<D: Driver>() {
 }
 
 async fn derived_keys_are_stable_per_operation_and_distinct_per_label<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let seen = Seen::new(None);
     let app = app::<D>(&db, &seen, |l| l);
     // The first attempt fails (503, rolled back); the retry runs again.
@@ -460,7 +446,7 @@ fn only_a_takeover_counts_as_one<D: Driver>() {
     };
     metrics::with_local_recorder(&recorder, || {
         runtime.block_on(async {
-            let db = TestDb::new(2).await;
+            let db = D::db(2).await;
             let seen = Seen::new(None);
             let app = app::<D>(&db, &seen, |l| l);
             let body = json!({"fail_first": 503});
@@ -472,13 +458,7 @@ fn only_a_takeover_counts_as_one<D: Driver>() {
             assert_eq!(takeovers(), 1.0, "the retry took the failed lease over");
 
             // A first lease whose token is well above 1.
-            db.admin
-                .batch_execute(&format!(
-                    "SELECT setval('{}.idempotency_fencing_tokens', 41)",
-                    db.schema
-                ))
-                .await
-                .unwrap();
+            db.next_fencing_token(42).await;
             let fresh = send(&app, post_json("/charges", Some("pay-11"), &json!({}))).await;
             assert_eq!(fresh.status, StatusCode::CREATED);
             assert_eq!(fresh.json()["token"], 42);
@@ -494,7 +474,7 @@ fn only_a_takeover_counts_as_one<D: Driver>() {
 /// A handler that takes `IdempotentTx` and `IdempotentLease` is refused with its own code
 /// and message, runs nothing and leaves nothing behind.
 async fn a_handler_with_both_extractors_is_refused_with_its_own_code<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let seen = Seen::new(None);
     let app = app::<D>(&db, &seen, |layer| layer);
     let answer = send(&app, post_json("/both", Some("both-1"), &json!({}))).await;
@@ -514,7 +494,7 @@ async fn a_handler_with_both_extractors_is_refused_with_its_own_code<D: Driver>(
     db.assert_settles().await;
 }
 
-for_each_driver! {
+for_each_database! {
     #[tokio::test]
     async a_handler_with_both_extractors_is_refused_with_its_own_code;
     #[tokio::test]

@@ -22,7 +22,7 @@ async fn versions(db: &TestDb) -> Vec<i32> {
         .collect()
 }
 
-async fn concurrent_migrations_apply_each_version_once<D: Driver>() {
+async fn concurrent_migrations_apply_each_version_once<D: PgDriver>() {
     let db = TestDb::bare(8).await;
     let runs: Vec<_> = (0..8)
         .map(|_| {
@@ -42,7 +42,7 @@ async fn concurrent_migrations_apply_each_version_once<D: Driver>() {
 /// A user whose own migration tool applied `migrations/` (as the operations guide allows)
 /// and who also calls `migrate` loses nothing: the files run again over the existing
 /// objects without an error, the rows stay, and the version is recorded.
-async fn a_schema_laid_by_another_tool_is_adopted<D: Driver>() {
+async fn a_schema_laid_by_another_tool_is_adopted<D: PgDriver>() {
     let db = TestDb::bare(1).await;
     let client = db.pool.get().await.unwrap();
     client
@@ -76,7 +76,7 @@ async fn a_schema_laid_by_another_tool_is_adopted<D: Driver>() {
     assert_eq!(row.get::<_, Vec<u8>>(2), b"kept");
 }
 
-async fn a_newer_schema_is_refused<D: Driver>() {
+async fn a_newer_schema_is_refused<D: PgDriver>() {
     let db = TestDb::new(1).await;
     db.admin
         .batch_execute(&format!(
@@ -123,7 +123,7 @@ fn table_is_free_now(table: String) -> bool {
 
 /// `check_schema` tells, before the first request, whether `migrate` has run: never,
 /// fully, or by a newer version.
-async fn check_schema_says_whether_migrate_ran<D: Driver>() {
+async fn check_schema_says_whether_migrate_ran<D: PgDriver>() {
     let db = TestDb::bare(2).await;
     let pool = D::pool(&db);
     match axum_idempotency::check_schema(&pool).await {

@@ -10,12 +10,18 @@ use oas3::spec::{ObjectOrReference, ObjectSchema, ParameterIn, Response};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_example_declares_the_idempotency_contract() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     declares_the_idempotency_contract("orders").await;
 }
 
 #[cfg(feature = "sqlx")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_sqlx_example_declares_the_idempotency_contract() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     declares_the_idempotency_contract("orders_sqlx").await;
 }
 
@@ -224,6 +230,9 @@ async fn declares_the_idempotency_contract(example: &str) {
 /// and the 429 answer only on a layer with a per-key attempt limit.
 #[tokio::test]
 async fn the_declaration_follows_the_layer() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     use axum::http::Method;
     use axum_idempotency::IdempotencyLayer;
     use axum_idempotency::openapi::IdempotencyDoc;

@@ -123,11 +123,11 @@ impl Queue {
     }
 }
 
-fn idempotent_app<D: Driver>(db: &TestDb, knobs: Arc<Knobs>) -> axum::Router {
+fn idempotent_app<D: PgDriver>(db: &TestDb, knobs: Arc<Knobs>) -> axum::Router {
     router(knobs, IdempotencyLayer::new(D::pool(db)))
 }
 
-async fn a_committed_handler_makes_its_message_visible_with_its_rows<D: Driver>() {
+async fn a_committed_handler_makes_its_message_visible_with_its_rows<D: PgDriver>() {
     let db = TestDb::new(4).await;
     let (knobs, gate) = gated();
     let app = idempotent_app::<D>(&db, Arc::clone(&knobs));
@@ -159,7 +159,7 @@ async fn a_committed_handler_makes_its_message_visible_with_its_rows<D: Driver>(
     db.assert_settles().await;
 }
 
-async fn a_handler_that_does_not_commit_leaves_no_message<D: Driver>() {
+async fn a_handler_that_does_not_commit_leaves_no_message<D: PgDriver>() {
     let db = TestDb::new(4).await;
     let knobs = Arc::new(Knobs::default());
     let app = idempotent_app::<D>(&db, Arc::clone(&knobs));
@@ -191,7 +191,7 @@ async fn a_handler_that_does_not_commit_leaves_no_message<D: Driver>() {
     db.assert_settles().await;
 }
 
-async fn inbox_work_enqueues_the_next_event_once<D: Driver>() {
+async fn inbox_work_enqueues_the_next_event_once<D: PgDriver>() {
     let db = TestDb::new(2).await;
     let inbox = Inbox::new(D::pool(&db), "orders");
     for _ in 0..3 {
@@ -210,7 +210,7 @@ async fn inbox_work_enqueues_the_next_event_once<D: Driver>() {
     assert_eq!(db.orders().await, 1);
 }
 
-async fn enqueue_checks_the_message_and_keeps_the_first_of_an_id<D: Driver>() {
+async fn enqueue_checks_the_message_and_keeps_the_first_of_an_id<D: PgDriver>() {
     let db = TestDb::new(2).await;
     let inbox = Inbox::new(D::pool(&db), "g");
     let outcome = inbox
@@ -273,7 +273,7 @@ async fn enqueue_checks_the_message_and_keeps_the_first_of_an_id<D: Driver>() {
     assert_eq!(outbox_rows(&db).await.len(), 2);
 }
 
-async fn the_relay_publishes_confirmed_messages_with_their_id_and_marks_them_sent<D: Driver>() {
+async fn the_relay_publishes_confirmed_messages_with_their_id_and_marks_them_sent<D: PgDriver>() {
     let Some(queue) = Queue::new().await else {
         return;
     };
@@ -324,7 +324,7 @@ impl Publisher for DiesAfterConfirm {
 }
 
 async fn a_relay_killed_after_the_confirm_publishes_again_and_the_inbox_keeps_one_effect<
-    D: Driver,
+    D: PgDriver,
 >() {
     let Some(queue) = Queue::new().await else {
         return;
@@ -374,7 +374,7 @@ async fn a_relay_killed_after_the_confirm_publishes_again_and_the_inbox_keeps_on
     queue.delete().await;
 }
 
-async fn while_the_broker_is_down_messages_wait_and_nothing_is_marked<D: Driver>() {
+async fn while_the_broker_is_down_messages_wait_and_nothing_is_marked<D: PgDriver>() {
     let db = TestDb::new(2).await;
     let app = idempotent_app::<D>(&db, Arc::new(Knobs::default()));
     assert_eq!(
@@ -405,7 +405,7 @@ async fn while_the_broker_is_down_messages_wait_and_nothing_is_marked<D: Driver>
     db.assert_settles().await;
 }
 
-async fn an_unroutable_message_is_parked_after_its_attempts_and_can_be_requeued<D: Driver>() {
+async fn an_unroutable_message_is_parked_after_its_attempts_and_can_be_requeued<D: PgDriver>() {
     let Some(queue) = Queue::new().await else {
         return;
     };
@@ -473,7 +473,7 @@ async fn an_unroutable_message_is_parked_after_its_attempts_and_can_be_requeued<
     queue.delete().await;
 }
 
-async fn the_sweeper_purges_settled_messages_after_their_retention<D: Driver>() {
+async fn the_sweeper_purges_settled_messages_after_their_retention<D: PgDriver>() {
     let db = TestDb::new(2).await;
     let inbox = Inbox::new(D::pool(&db), "g");
     for (id, state) in [
@@ -536,6 +536,9 @@ for_each_driver! {
 
 #[tokio::test]
 async fn enqueue_on_a_plain_transaction_commits_and_rolls_back_with_it() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let mut client = db.pool.get().await.unwrap();
     let tx = client.transaction().await.unwrap();
@@ -557,6 +560,9 @@ async fn enqueue_on_a_plain_transaction_commits_and_rolls_back_with_it() {
 #[cfg(feature = "sqlx")]
 #[tokio::test]
 async fn enqueue_on_a_plain_sqlx_transaction_commits_and_rolls_back_with_it() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let pool = <Sqlx as Driver>::pool(&db);
     let mut tx = pool.begin().await.unwrap();
@@ -581,6 +587,9 @@ async fn enqueue_on_a_plain_sqlx_transaction_commits_and_rolls_back_with_it() {
 /// message is delivered exactly once, and each key's messages arrive in commit order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_relays_publish_every_message_once_and_each_key_in_order() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(queue) = Queue::new().await else {
         return;
     };
@@ -664,6 +673,9 @@ async fn three_relays_publish_every_message_once_and_each_key_in_order() {
 /// first's COMMIT before its message gets its place.
 #[tokio::test]
 async fn producers_of_one_ordering_key_wait_for_each_others_commit() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(4).await;
     let mut first_client = db.pool.get().await.unwrap();
     let first = first_client.transaction().await.unwrap();
@@ -722,6 +734,9 @@ impl Publisher for RefusesOneTopic {
 /// keys' messages still go out.
 #[tokio::test]
 async fn a_key_waiting_for_a_retry_does_not_starve_the_other_keys() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let db = TestDb::new(2).await;
     let pooled = db.pool.get().await.unwrap();
     let client: &tokio_postgres::Client = &pooled;
@@ -762,6 +777,9 @@ async fn a_key_waiting_for_a_retry_does_not_starve_the_other_keys() {
 /// it (as behind a transaction-pooling PgBouncer), polling alone delivers.
 #[tokio::test]
 async fn a_listening_relay_wakes_on_commit_and_a_polling_one_still_delivers() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(queue) = Queue::new().await else {
         return;
     };
@@ -805,6 +823,9 @@ async fn a_listening_relay_wakes_on_commit_and_a_polling_one_still_delivers() {
 /// so for the backend that listens), and a COMMIT still wakes the relay at once.
 #[tokio::test]
 async fn a_relay_listens_over_tls() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(queue) = Queue::new().await else {
         return;
     };
@@ -880,6 +901,9 @@ async fn a_relay_listens_over_tls() {
 /// drives its own single-threaded runtime.
 #[test]
 fn nacked_and_channel_closing_messages_are_parked_and_the_metrics_say_so() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     use common::recorder::{Capture, Recorder};
 
     let capture = Arc::new(Capture::default());

@@ -321,6 +321,9 @@ async fn post_order(addr: SocketAddr, key: &str, amount: i64) -> HttpAnswer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn orders_example_behind_pgbouncer_replays_and_runs_once_under_concurrency() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(binary) = pgbouncer_binary() else {
         return;
     };
@@ -410,6 +413,9 @@ fn app(pool: &Pool, prepared_statements: bool) -> Router {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn layer_inbox_and_sweeper_work_behind_pgbouncer_without_prepared_statements() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(binary) = pgbouncer_binary() else {
         return;
     };
@@ -536,6 +542,9 @@ async fn layer_inbox_and_sweeper_work_behind_pgbouncer_without_prepared_statemen
 /// runs a statement on a server connection that never prepared it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prepared_statements_fail_behind_pgbouncer_in_transaction_mode() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(binary) = pgbouncer_binary() else {
         return;
     };
@@ -609,6 +618,9 @@ async fn prepared_statements_fail_behind_pgbouncer_in_transaction_mode() {
 #[cfg(feature = "rabbitmq")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_outbox_relay_polls_behind_pgbouncer_without_prepared_statements() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     use axum_idempotency::outbox::{OutboxMessage, OutboxRelay, RabbitPublisher};
     use futures_util::StreamExt;
 

@@ -129,6 +129,9 @@ async fn cleanup(connection: &Connection, names: &[&str]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acks_duplicates_requeues_failures_and_dead_letters_what_the_inbox_gives_up() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(connection) = common::rabbit::connect().await else {
         return;
     };
@@ -227,6 +230,9 @@ async fn acks_duplicates_requeues_failures_and_dead_letters_what_the_inbox_gives
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_finishes_the_message_in_hand() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let Some(connection) = common::rabbit::connect().await else {
         return;
     };

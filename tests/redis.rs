@@ -143,6 +143,9 @@ async fn delete_records(db: &TestDb) {
 
 #[tokio::test]
 async fn replays_come_from_redis_on_another_instance_with_no_database_record() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "replays_come_from_redis_on_another_instance_with_no_database_record";
     let Some((client, mut conn)) = shared_redis(TEST).await else {
         return;
@@ -205,6 +208,9 @@ async fn replays_come_from_redis_on_another_instance_with_no_database_record() {
 
 #[tokio::test]
 async fn scope_key_and_fingerprint_checks_hold_in_redis() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "scope_key_and_fingerprint_checks_hold_in_redis";
     let Some((client, mut conn)) = shared_redis(TEST).await else {
         return;
@@ -274,6 +280,9 @@ fn post_json_raw_user(user: &str, key: &str, raw: &str) -> axum::http::Request<a
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_flight_duplicates_get_409_from_redis_without_asking_postgres() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "in_flight_duplicates_get_409_from_redis_without_asking_postgres";
     let Some((client, mut conn)) = shared_redis(TEST).await else {
         return;
@@ -334,6 +343,9 @@ async fn in_flight_duplicates_get_409_from_redis_without_asking_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_in_flight_goes_on_to_postgres_and_replays() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "waiting_for_in_flight_goes_on_to_postgres_and_replays";
     let Some((client, mut conn)) = shared_redis(TEST).await else {
         return;
@@ -376,6 +388,9 @@ async fn waiting_for_in_flight_goes_on_to_postgres_and_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_are_released_on_every_path_and_expire_on_their_own() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "locks_are_released_on_every_path_and_expire_on_their_own";
     let Some((client, mut conn)) = shared_redis(TEST).await else {
         return;
@@ -476,6 +491,9 @@ async fn charge(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_mode_uses_the_front_line_too() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "lease_mode_uses_the_front_line_too";
     let Some((client, mut conn)) = shared_redis(TEST).await else {
         return;
@@ -658,6 +676,9 @@ async fn timed(app: &Router, key: &str) -> Seen {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_stopped_mid_run_slows_requests_down_but_never_fails_or_repeats_them() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "redis_stopped_mid_run_slows_requests_down_but_never_fails_or_repeats_them";
     let Some(mut server) = OwnRedis::start(TEST).await else {
         return;
@@ -816,6 +837,9 @@ async fn redis_stopped_mid_run_slows_requests_down_but_never_fails_or_repeats_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_redis_costs_a_timeout_now_and_then_not_one_per_request() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "a_hung_redis_costs_a_timeout_now_and_then_not_one_per_request";
     let Some(server) = OwnRedis::start(TEST).await else {
         return;
@@ -878,6 +902,9 @@ async fn a_hung_redis_costs_a_timeout_now_and_then_not_one_per_request() {
 
 #[tokio::test]
 async fn an_unreachable_redis_changes_nothing_but_speed() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()
@@ -929,6 +956,9 @@ fn limited_instance(
 /// refused attempt leaves no lock. Replays from Redis are not counted.
 #[tokio::test]
 async fn the_shared_attempt_limit_counts_across_instances() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     const TEST: &str = "the_shared_attempt_limit_counts_across_instances";
     let Some((client, mut conn)) = shared_redis(TEST).await else {
         return;
@@ -988,6 +1018,9 @@ async fn the_shared_attempt_limit_counts_across_instances() {
 /// never an error answer, still at most the limit per second through this instance.
 #[tokio::test]
 async fn an_unreachable_redis_leaves_the_attempt_limit_in_process() {
+    if !common::Database::Postgres.configured() {
+        return;
+    }
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()

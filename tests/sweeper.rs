@@ -1,9 +1,11 @@
-//! The Sweeper and the Admin view against real PostgreSQL: batched purges with separate
+//! The Sweeper and the Admin view on every database: batched purges with separate
 //! retention, stale leases reported and optionally failed, several sweepers at once, and the
 //! troubleshooting look-ups.
 
 mod common;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -14,66 +16,378 @@ use common::*;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-/// Runs statements on the test's own connection, inside its schema.
-async fn exec(db: &TestDb, sql: &str) {
-    db.admin
-        .batch_execute(&format!("SET search_path = {}; {sql}", db.schema))
+const MINUTE: f64 = 60.0;
+const HOUR: f64 = 3600.0;
+const DAY: f64 = 24.0 * HOUR;
+
+/// The fixture rows this file writes straight into the tables, and the columns it reads
+/// back, in each database's SQL. Times are offsets in seconds from the database's now
+/// (negative: in the past).
+trait Fixtures: TestDatabase {
+    /// Inserts `n` records in `scope`, created 30 days ago, with a 32-byte fingerprint and
+    /// a random id; `locked_in` is the lease's end (`None`: no lease).
+    fn insert_records(
+        &self,
+        n: i64,
+        scope: &str,
+        state: &str,
+        expires_in: f64,
+        locked_in: Option<f64>,
+    ) -> impl Future<Output = ()> + Send;
+    /// Inserts `n` inbox records `m-1` .. `m-n` in `group`, one attempt each.
+    fn insert_messages(
+        &self,
+        n: i64,
+        group: &str,
+        status: &str,
+        expires_in: f64,
+    ) -> impl Future<Output = ()> + Send;
+    /// The (state, retryable, no lease) of every record in `scope`.
+    fn states(&self, scope: &str) -> impl Future<Output = Vec<(String, bool, bool)>> + Send;
+    /// Runs a statement in SQL every database speaks; the rows it affected.
+    fn affected(&self, sql: &str) -> impl Future<Output = u64> + Send;
+    /// The only record of `scope`: its id and fingerprint in lowercase hex.
+    fn id_and_fingerprint(&self, scope: &str) -> impl Future<Output = (String, String)> + Send;
+}
+
+/// Locks live traffic holds: released (the holder's transaction rolled back) by
+/// [`Held::release`].
+struct Held(Pin<Box<dyn Future<Output = ()> + Send>>);
+
+impl Held {
+    async fn release(self) {
+        self.0.await
+    }
+}
+
+/// Databases with row locks that another session can hold.
+trait RowLocks: Fixtures {
+    /// From a session of its own, in a READ COMMITTED transaction (the crate's), locks the
+    /// record of the smallest id and the inbox record of the smallest message id.
+    fn lock_first_rows(&self) -> impl Future<Output = Held> + Send;
+}
+
+impl Fixtures for TestDb {
+    async fn insert_records(
+        &self,
+        n: i64,
+        scope: &str,
+        state: &str,
+        expires_in: f64,
+        locked_in: Option<f64>,
+    ) {
+        let locked_until = match locked_in {
+            Some(secs) => format!("now() + ({secs}) * interval '1 second'"),
+            None => "NULL".to_owned(),
+        };
+        TestDatabase::execute(
+            self,
+            &format!(
+                "INSERT INTO idempotency_records \
+                 (id, scope, fingerprint, state, status, headers, body, created_at, expires_at, \
+                  locked_until) \
+                 SELECT gen_random_uuid(), '{scope}', sha256(i::text::bytea), '{state}', 201, \
+                        '', 'body', now() - interval '30 days', \
+                        now() + ({expires_in}) * interval '1 second', {locked_until} \
+                 FROM generate_series(1, {n}) AS i"
+            ),
+        )
+        .await;
+    }
+
+    async fn insert_messages(&self, n: i64, group: &str, status: &str, expires_in: f64) {
+        TestDatabase::execute(
+            self,
+            &format!(
+                "INSERT INTO inbox_messages \
+                 (consumer_group, message_id, status, attempts, expires_at) \
+                 SELECT '{group}', 'm-' || i, '{status}', 1, \
+                        now() + ({expires_in}) * interval '1 second' \
+                 FROM generate_series(1, {n}) AS i"
+            ),
+        )
+        .await;
+    }
+
+    async fn states(&self, scope: &str) -> Vec<(String, bool, bool)> {
+        self.admin
+            .query(
+                &format!(
+                    "SELECT state, retryable, locked_until IS NULL \
+                     FROM {}.idempotency_records WHERE scope = $1",
+                    self.schema
+                ),
+                &[&scope],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect()
+    }
+
+    async fn affected(&self, sql: &str) -> u64 {
+        self.admin
+            .batch_execute(&format!("SET search_path = {}", self.schema))
+            .await
+            .unwrap();
+        self.admin.execute(sql, &[]).await.unwrap()
+    }
+
+    async fn id_and_fingerprint(&self, scope: &str) -> (String, String) {
+        let row = self
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT replace(id::text, '-', ''), encode(fingerprint, 'hex') \
+                     FROM {}.idempotency_records WHERE scope = $1",
+                    self.schema
+                ),
+                &[&scope],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    }
+}
+
+impl RowLocks for TestDb {
+    async fn lock_first_rows(&self) -> Held {
+        let live = connect(&database_url()).await;
+        live.batch_execute(&format!(
+            "SET search_path = {}; \
+             BEGIN ISOLATION LEVEL READ COMMITTED; \
+             SELECT 1 FROM idempotency_records ORDER BY id LIMIT 1 FOR UPDATE; \
+             SELECT 1 FROM inbox_messages ORDER BY message_id LIMIT 1 FOR UPDATE",
+            self.schema
+        ))
         .await
         .unwrap();
+        Held(Box::pin(async move {
+            live.batch_execute("ROLLBACK").await.unwrap();
+        }))
+    }
 }
 
-/// Inserts `n` records in `scope`, straight into the table. `expires_at` and `locked_until`
-/// are SQL expressions.
-async fn insert_records(
-    db: &TestDb,
-    n: i64,
-    scope: &str,
-    state: &str,
-    expires_at: &str,
-    locked_until: &str,
-) {
-    exec(
-        db,
-        &format!(
+/// `n` (at most 10 000) rows numbered `i` from 1, as a MySQL derived table: the product of
+/// four tables of digits, rather than `WITH RECURSIVE`, which MySQL 8 cuts at
+/// `cte_max_recursion_depth` (1000 by default).
+#[cfg(feature = "mysql")]
+fn mysql_series(n: i64) -> String {
+    assert!(n <= 10_000, "{n} rows");
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                  UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    format!(
+        "(SELECT 1 + d0.d + 10 * d1.d + 100 * d2.d + 1000 * d3.d AS i \
+          FROM {digits} AS d0 CROSS JOIN {digits} AS d1 CROSS JOIN {digits} AS d2 \
+          CROSS JOIN {digits} AS d3) AS series WHERE i <= {n}"
+    )
+}
+
+/// `secs` from now, in MySQL: DATETIME(6) in UTC.
+#[cfg(feature = "mysql")]
+fn mysql_in(secs: f64) -> String {
+    let micros = (secs * 1e6).round() as i64;
+    format!("UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND")
+}
+
+#[cfg(feature = "mysql")]
+impl Fixtures for common::mysql::MySqlDb {
+    async fn insert_records(
+        &self,
+        n: i64,
+        scope: &str,
+        state: &str,
+        expires_in: f64,
+        locked_in: Option<f64>,
+    ) {
+        let locked_until = locked_in.map_or_else(|| "NULL".to_owned(), mysql_in);
+        // The id: 16 bytes, distinct across calls for one scope too (UUID() is per row).
+        self.execute(&format!(
             "INSERT INTO idempotency_records \
              (id, scope, fingerprint, state, status, headers, body, created_at, expires_at, \
-              locked_until) \
-             SELECT gen_random_uuid(), '{scope}', sha256(i::text::bytea), '{state}', 201, '', \
-                    'body', now() - interval '30 days', {expires_at}, {locked_until} \
-             FROM generate_series(1, {n}) AS i"
-        ),
-    )
-    .await;
+              locked_until, updated_at) \
+             SELECT UNHEX(MD5(CONCAT('{scope}', '-', i, '-', UUID()))), '{scope}', \
+                    UNHEX(SHA2(CONCAT(i), 256)), '{state}', 201, '', 'body', \
+                    UTC_TIMESTAMP(6) - INTERVAL 30 DAY, {expires_at}, {locked_until}, \
+                    UTC_TIMESTAMP(6) \
+             FROM {series}",
+            expires_at = mysql_in(expires_in),
+            series = mysql_series(n),
+        ))
+        .await;
+    }
+
+    async fn insert_messages(&self, n: i64, group: &str, status: &str, expires_in: f64) {
+        self.execute(&format!(
+            "INSERT INTO inbox_messages \
+             (consumer_group, message_id, status, attempts, created_at, updated_at, expires_at) \
+             SELECT '{group}', CONCAT('m-', i), '{status}', 1, UTC_TIMESTAMP(6), \
+                    UTC_TIMESTAMP(6), {expires_at} \
+             FROM {series}",
+            expires_at = mysql_in(expires_in),
+            series = mysql_series(n),
+        ))
+        .await;
+    }
+
+    async fn states(&self, scope: &str) -> Vec<(String, bool, bool)> {
+        let rows: Vec<(String, bool, i64)> = ::sqlx::query_as(
+            "SELECT state, retryable, CAST(locked_until IS NULL AS SIGNED) \
+             FROM idempotency_records WHERE scope = ?",
+        )
+        .bind(scope)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(state, retryable, unlocked)| (state, retryable, unlocked != 0))
+            .collect()
+    }
+
+    async fn affected(&self, sql: &str) -> u64 {
+        ::sqlx::query(::sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&self.admin)
+            .await
+            .unwrap()
+            .rows_affected()
+    }
+
+    async fn id_and_fingerprint(&self, scope: &str) -> (String, String) {
+        ::sqlx::query_as(
+            "SELECT LOWER(HEX(id)), LOWER(HEX(fingerprint)) \
+             FROM idempotency_records WHERE scope = ?",
+        )
+        .bind(scope)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap()
+    }
 }
 
-/// Inserts `n` inbox records in `group`.
-async fn insert_messages(db: &TestDb, n: i64, group: &str, status: &str, expires_at: &str) {
-    exec(
-        db,
-        &format!(
-            "INSERT INTO inbox_messages (consumer_group, message_id, status, attempts, expires_at) \
-             SELECT '{group}', 'm-' || i, '{status}', 1, {expires_at} \
-             FROM generate_series(1, {n}) AS i"
-        ),
-    )
-    .await;
+#[cfg(feature = "mysql")]
+impl RowLocks for common::mysql::MySqlDb {
+    async fn lock_first_rows(&self) -> Held {
+        use ::sqlx::Connection;
+        let mut live = ::sqlx::MySqlConnection::connect_with(&self.options())
+            .await
+            .unwrap();
+        ::sqlx::raw_sql(
+            "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+             SELECT 1 FROM idempotency_records ORDER BY id LIMIT 1 FOR UPDATE; \
+             SELECT 1 FROM inbox_messages ORDER BY message_id LIMIT 1 FOR UPDATE",
+        )
+        .execute(&mut live)
+        .await
+        .unwrap();
+        Held(Box::pin(async move {
+            ::sqlx::raw_sql("ROLLBACK")
+                .execute(&mut live)
+                .await
+                .unwrap();
+            live.close().await.unwrap();
+        }))
+    }
 }
 
-async fn in_scope(db: &TestDb, scope: &str) -> i64 {
+/// `secs` from now, in SQLite: REAL Unix seconds.
+#[cfg(feature = "sqlite")]
+fn sqlite_in(secs: f64) -> String {
+    format!("(unixepoch('subsec') + ({secs}))")
+}
+
+#[cfg(feature = "sqlite")]
+impl Fixtures for common::sqlite::SqliteDb {
+    async fn insert_records(
+        &self,
+        n: i64,
+        scope: &str,
+        state: &str,
+        expires_in: f64,
+        locked_in: Option<f64>,
+    ) {
+        let locked_until = locked_in.map_or_else(|| "NULL".to_owned(), sqlite_in);
+        self.execute(&format!(
+            "WITH RECURSIVE series (i) AS \
+             (SELECT 1 UNION ALL SELECT i + 1 FROM series WHERE i < {n}) \
+             INSERT INTO idempotency_records \
+             (id, scope, fingerprint, state, status, headers, body, created_at, expires_at, \
+              locked_until, updated_at) \
+             SELECT randomblob(16), '{scope}', randomblob(32), '{state}', 201, x'', \
+                    CAST('body' AS BLOB), {created_at}, {expires_at}, {locked_until}, \
+                    unixepoch('subsec') \
+             FROM series",
+            created_at = sqlite_in(-30.0 * DAY),
+            expires_at = sqlite_in(expires_in),
+        ))
+        .await;
+    }
+
+    async fn insert_messages(&self, n: i64, group: &str, status: &str, expires_in: f64) {
+        self.execute(&format!(
+            "WITH RECURSIVE series (i) AS \
+             (SELECT 1 UNION ALL SELECT i + 1 FROM series WHERE i < {n}) \
+             INSERT INTO inbox_messages (consumer_group, message_id, status, attempts, expires_at) \
+             SELECT '{group}', 'm-' || i, '{status}', 1, {expires_at} FROM series",
+            expires_at = sqlite_in(expires_in),
+        ))
+        .await;
+    }
+
+    async fn states(&self, scope: &str) -> Vec<(String, bool, bool)> {
+        let rows: Vec<(String, i64, i64)> = ::sqlx::query_as(
+            "SELECT state, retryable, locked_until IS NULL \
+             FROM idempotency_records WHERE scope = ?",
+        )
+        .bind(scope)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(state, retryable, unlocked)| {
+                // An INTEGER boolean: the schema's CHECK keeps it 0 or 1.
+                assert!(retryable == 0 || retryable == 1, "retryable = {retryable}");
+                (state, retryable == 1, unlocked != 0)
+            })
+            .collect()
+    }
+
+    async fn affected(&self, sql: &str) -> u64 {
+        ::sqlx::query(::sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&self.admin)
+            .await
+            .unwrap()
+            .rows_affected()
+    }
+
+    async fn id_and_fingerprint(&self, scope: &str) -> (String, String) {
+        ::sqlx::query_as(
+            "SELECT lower(hex(id)), lower(hex(fingerprint)) \
+             FROM idempotency_records WHERE scope = ?",
+        )
+        .bind(scope)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap()
+    }
+}
+
+async fn in_scope(db: &impl TestDatabase, scope: &str) -> i64 {
     db.scalar(&format!(
         "SELECT count(*) FROM idempotency_records WHERE scope = '{scope}'"
     ))
     .await
 }
 
-async fn in_group(db: &TestDb, group: &str) -> i64 {
+async fn in_group(db: &impl TestDatabase, group: &str) -> i64 {
     db.scalar(&format!(
         "SELECT count(*) FROM inbox_messages WHERE consumer_group = '{group}'"
     ))
     .await
 }
 
-async fn messages(db: &TestDb) -> i64 {
+async fn messages(db: &impl TestDatabase) -> i64 {
     db.scalar("SELECT count(*) FROM inbox_messages").await
 }
 
@@ -92,46 +406,20 @@ where
     panic!("timed out waiting for {what}");
 }
 
-async fn batched_purge_removes_exactly_the_expired_rows<D: Driver>() {
-    let db = TestDb::new(2).await;
-    insert_records(
-        &db,
-        2500,
-        "expired",
-        "SUCCESS",
-        "now() - interval '1 hour'",
-        "NULL",
-    )
-    .await;
-    insert_records(
-        &db,
-        40,
-        "live",
-        "SUCCESS",
-        "now() + interval '1 hour'",
-        "NULL",
-    )
-    .await;
+async fn batched_purge_removes_exactly_the_expired_rows<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_records(2500, "expired", "SUCCESS", -HOUR, None)
+        .await;
+    db.insert_records(40, "live", "SUCCESS", HOUR, None).await;
     // Expired long ago, but the lease is still held: never touched.
-    insert_records(
-        &db,
-        5,
-        "leased",
-        "PROCESSING",
-        "now() - interval '30 days'",
-        "now() + interval '1 hour'",
-    )
-    .await;
+    db.insert_records(5, "leased", "PROCESSING", -30.0 * DAY, Some(HOUR))
+        .await;
     // Expired long ago and the holder is gone: an abandoned attempt, kept like a failure.
-    insert_records(
-        &db,
-        3,
-        "abandoned",
-        "PROCESSING",
-        "now() - interval '30 days'",
-        "now() - interval '30 days'",
-    )
-    .await;
+    db.insert_records(3, "abandoned", "PROCESSING", -30.0 * DAY, Some(-30.0 * DAY))
+        .await;
 
     let sweeper = Sweeper::new(D::pool(&db)).batch_size(1000);
     let report = sweeper.run_once().await.unwrap();
@@ -143,15 +431,8 @@ async fn batched_purge_removes_exactly_the_expired_rows<D: Driver>() {
     assert_eq!(in_scope(&db, "leased").await, 5);
 
     // An exact multiple of the batch size: the loop stops on the empty batch after it.
-    insert_records(
-        &db,
-        2000,
-        "expired",
-        "SUCCESS",
-        "now() - interval '1 second'",
-        "NULL",
-    )
-    .await;
+    db.insert_records(2000, "expired", "SUCCESS", -1.0, None)
+        .await;
     let report = sweeper.run_once().await.unwrap();
     assert_eq!(report.purged_records, 2000, "{report:?}");
     assert_eq!(db.records().await, 45);
@@ -161,29 +442,20 @@ async fn batched_purge_removes_exactly_the_expired_rows<D: Driver>() {
     db.assert_settles().await;
 }
 
-async fn success_is_purged_after_its_grace_and_failures_after_their_retention<D: Driver>() {
-    let db = TestDb::new(2).await;
-    let past = "now() - interval '2 minutes'";
-    insert_records(&db, 10, "success-old", "SUCCESS", past, "NULL").await;
-    insert_records(
-        &db,
-        11,
-        "success-grace",
-        "SUCCESS",
-        "now() - interval '10 seconds'",
-        "NULL",
-    )
-    .await;
-    insert_records(&db, 12, "failed-recent", "FAILED", past, "NULL").await;
-    insert_records(
-        &db,
-        13,
-        "failed-old",
-        "FAILED",
-        "now() - interval '2 days'",
-        "NULL",
-    )
-    .await;
+async fn success_is_purged_after_its_grace_and_failures_after_their_retention<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    let past = -2.0 * MINUTE;
+    db.insert_records(10, "success-old", "SUCCESS", past, None)
+        .await;
+    db.insert_records(11, "success-grace", "SUCCESS", -10.0, None)
+        .await;
+    db.insert_records(12, "failed-recent", "FAILED", past, None)
+        .await;
+    db.insert_records(13, "failed-old", "FAILED", -2.0 * DAY, None)
+        .await;
 
     let report = Sweeper::new(D::pool(&db))
         .batch_size(4)
@@ -199,35 +471,16 @@ async fn success_is_purged_after_its_grace_and_failures_after_their_retention<D:
     assert_eq!(in_scope(&db, "failed-old").await, 0);
 }
 
-async fn default_retention_purges_success_at_expiry_and_keeps_failures_a_week<D: Driver>() {
-    let db = TestDb::new(2).await;
-    insert_records(
-        &db,
-        3,
-        "success",
-        "SUCCESS",
-        "now() - interval '1 second'",
-        "NULL",
-    )
-    .await;
-    insert_records(
-        &db,
-        4,
-        "failed-6d",
-        "FAILED",
-        "now() - interval '6 days'",
-        "NULL",
-    )
-    .await;
-    insert_records(
-        &db,
-        5,
-        "failed-8d",
-        "FAILED",
-        "now() - interval '8 days'",
-        "NULL",
-    )
-    .await;
+async fn default_retention_purges_success_at_expiry_and_keeps_failures_a_week<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_records(3, "success", "SUCCESS", -1.0, None).await;
+    db.insert_records(4, "failed-6d", "FAILED", -6.0 * DAY, None)
+        .await;
+    db.insert_records(5, "failed-8d", "FAILED", -8.0 * DAY, None)
+        .await;
 
     let report = Sweeper::new(D::pool(&db)).run_once().await.unwrap();
     assert_eq!(report.purged_records, 3 + 5, "{report:?}");
@@ -236,50 +489,21 @@ async fn default_retention_purges_success_at_expiry_and_keeps_failures_a_week<D:
     assert_eq!(in_scope(&db, "failed-8d").await, 0);
 }
 
-async fn inbox_messages_are_purged_the_same_way<D: Driver>() {
-    let db = TestDb::new(2).await;
-    insert_messages(
-        &db,
-        30,
-        "success-old",
-        "SUCCESS",
-        "now() - interval '2 minutes'",
-    )
-    .await;
-    insert_messages(
-        &db,
-        6,
-        "success-grace",
-        "SUCCESS",
-        "now() - interval '10 seconds'",
-    )
-    .await;
-    insert_messages(
-        &db,
-        5,
-        "success-live",
-        "SUCCESS",
-        "now() + interval '1 hour'",
-    )
-    .await;
-    insert_messages(
-        &db,
-        4,
-        "failed-recent",
-        "FAILED",
-        "now() - interval '2 minutes'",
-    )
-    .await;
-    insert_messages(&db, 21, "failed-old", "FAILED", "now() - interval '2 days'").await;
-    insert_records(
-        &db,
-        2,
-        "live",
-        "SUCCESS",
-        "now() + interval '1 hour'",
-        "NULL",
-    )
-    .await;
+async fn inbox_messages_are_purged_the_same_way<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_messages(30, "success-old", "SUCCESS", -2.0 * MINUTE)
+        .await;
+    db.insert_messages(6, "success-grace", "SUCCESS", -10.0)
+        .await;
+    db.insert_messages(5, "success-live", "SUCCESS", HOUR).await;
+    db.insert_messages(4, "failed-recent", "FAILED", -2.0 * MINUTE)
+        .await;
+    db.insert_messages(21, "failed-old", "FAILED", -2.0 * DAY)
+        .await;
+    db.insert_records(2, "live", "SUCCESS", HOUR, None).await;
 
     let report = Sweeper::new(D::pool(&db))
         .batch_size(7)
@@ -299,66 +523,24 @@ async fn inbox_messages_are_purged_the_same_way<D: Driver>() {
 }
 
 /// PROCESSING records: one lease ended 90 s ago, two 30 s ago, one 5 s ago; two still held.
-async fn stale_fixture(db: &TestDb) {
-    let expires = "now() + interval '1 hour'";
-    insert_records(
-        db,
-        1,
-        "lapsed-90s",
-        "PROCESSING",
-        expires,
-        "now() - interval '90 seconds'",
-    )
-    .await;
-    insert_records(
-        db,
-        2,
-        "lapsed-30s",
-        "PROCESSING",
-        expires,
-        "now() - interval '30 seconds'",
-    )
-    .await;
-    insert_records(
-        db,
-        1,
-        "lapsed-5s",
-        "PROCESSING",
-        expires,
-        "now() - interval '5 seconds'",
-    )
-    .await;
-    insert_records(
-        db,
-        2,
-        "held",
-        "PROCESSING",
-        expires,
-        "now() + interval '1 minute'",
-    )
-    .await;
-    insert_records(db, 3, "done", "SUCCESS", expires, "NULL").await;
+async fn stale_fixture(db: &impl Fixtures) {
+    let expires = HOUR;
+    db.insert_records(1, "lapsed-90s", "PROCESSING", expires, Some(-90.0))
+        .await;
+    db.insert_records(2, "lapsed-30s", "PROCESSING", expires, Some(-30.0))
+        .await;
+    db.insert_records(1, "lapsed-5s", "PROCESSING", expires, Some(-5.0))
+        .await;
+    db.insert_records(2, "held", "PROCESSING", expires, Some(MINUTE))
+        .await;
+    db.insert_records(3, "done", "SUCCESS", expires, None).await;
 }
 
-async fn states(db: &TestDb, scope: &str) -> Vec<(String, bool, bool)> {
-    db.admin
-        .query(
-            &format!(
-                "SELECT state, retryable, locked_until IS NULL \
-                 FROM {}.idempotency_records WHERE scope = $1",
-                db.schema
-            ),
-            &[&scope],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|row| (row.get(0), row.get(1), row.get(2)))
-        .collect()
-}
-
-async fn stale_processing_is_reported_and_left_alone_by_default<D: Driver>() {
-    let db = TestDb::new(2).await;
+async fn stale_processing_is_reported_and_left_alone_by_default<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
     stale_fixture(&db).await;
 
     let report = Sweeper::new(D::pool(&db)).run_once().await.unwrap();
@@ -371,40 +553,32 @@ async fn stale_processing_is_reported_and_left_alone_by_default<D: Driver>() {
     assert_eq!(report.marked_failed, 0);
     assert_eq!(report.purged_records, 0);
     for scope in ["lapsed-90s", "lapsed-30s", "lapsed-5s", "held"] {
-        for (state, _, unlocked) in states(&db, scope).await {
+        let states = db.states(scope).await;
+        assert!(!states.is_empty(), "{scope}");
+        for (state, _, unlocked) in states {
             assert_eq!(state, "PROCESSING", "{scope}");
             assert!(!unlocked, "{scope}");
         }
     }
 
     // Nothing stale: no age at all.
-    exec(
-        &db,
-        "DELETE FROM idempotency_records WHERE scope LIKE 'lapsed%'",
-    )
-    .await;
+    db.execute("DELETE FROM idempotency_records WHERE scope LIKE 'lapsed%'")
+        .await;
     let report = Sweeper::new(D::pool(&db)).run_once().await.unwrap();
     assert_eq!(report.stale_processing, 0);
     assert_eq!(report.oldest_stale, None);
 }
 
-async fn stale_processing_is_marked_failed_and_retryable_when_configured<D: Driver>() {
-    let db = TestDb::new(2).await;
+async fn stale_processing_is_marked_failed_and_retryable_when_configured<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
     stale_fixture(&db).await;
-    insert_records(
-        &db,
-        4,
-        "lapsed-2m",
-        "PROCESSING",
-        "now() + interval '1 hour'",
-        "now() - interval '2 minutes'",
-    )
-    .await;
-    exec(
-        &db,
-        "UPDATE idempotency_records SET fencing_token = 7 WHERE state = 'PROCESSING'",
-    )
-    .await;
+    db.insert_records(4, "lapsed-2m", "PROCESSING", HOUR, Some(-2.0 * MINUTE))
+        .await;
+    db.execute("UPDATE idempotency_records SET fencing_token = 7 WHERE state = 'PROCESSING'")
+        .await;
 
     let sweeper = Sweeper::new(D::pool(&db))
         .batch_size(2)
@@ -413,12 +587,16 @@ async fn stale_processing_is_marked_failed_and_retryable_when_configured<D: Driv
     assert_eq!(report.stale_processing, 8, "{report:?}");
     assert_eq!(report.marked_failed, 5, "{report:?}");
     for scope in ["lapsed-90s", "lapsed-2m"] {
-        for state in states(&db, scope).await {
+        let states = db.states(scope).await;
+        assert!(!states.is_empty(), "{scope}");
+        for state in states {
             assert_eq!(state, ("FAILED".to_owned(), true, true), "{scope}");
         }
     }
     for scope in ["lapsed-30s", "lapsed-5s", "held"] {
-        for (state, retryable, _) in states(&db, scope).await {
+        let states = db.states(scope).await;
+        assert!(!states.is_empty(), "{scope}");
+        for (state, retryable, _) in states {
             assert_eq!(
                 (state.as_str(), retryable),
                 ("PROCESSING", false),
@@ -429,17 +607,11 @@ async fn stale_processing_is_marked_failed_and_retryable_when_configured<D: Driv
 
     // The lost holder comes back: its fenced completion finds nothing to complete.
     let completed = db
-        .admin
-        .execute(
-            &format!(
-                "UPDATE {}.idempotency_records SET state = 'SUCCESS' \
-                 WHERE scope = 'lapsed-90s' AND fencing_token = 7 AND state = 'PROCESSING'",
-                db.schema
-            ),
-            &[],
+        .affected(
+            "UPDATE idempotency_records SET state = 'SUCCESS' \
+             WHERE scope = 'lapsed-90s' AND fencing_token = 7 AND state = 'PROCESSING'",
         )
-        .await
-        .unwrap();
+        .await;
     assert_eq!(completed, 0);
 
     let report = sweeper.run_once().await.unwrap();
@@ -447,29 +619,17 @@ async fn stale_processing_is_marked_failed_and_retryable_when_configured<D: Driv
     assert_eq!(report.marked_failed, 0);
 }
 
-async fn rows_locked_by_live_traffic_are_skipped_not_waited_for<D: Driver>() {
-    let db = TestDb::new(2).await;
-    insert_records(
-        &db,
-        10,
-        "expired",
-        "SUCCESS",
-        "now() - interval '1 hour'",
-        "NULL",
-    )
-    .await;
-    insert_messages(&db, 10, "expired", "SUCCESS", "now() - interval '1 hour'").await;
-    let mut live = connect(&database_url()).await;
-    live.batch_execute(&format!("SET search_path = {}", db.schema))
-        .await
-        .unwrap();
-    let tx = live.transaction().await.unwrap();
-    tx.batch_execute(
-        "SELECT 1 FROM idempotency_records ORDER BY id LIMIT 1 FOR UPDATE; \
-         SELECT 1 FROM inbox_messages ORDER BY message_id LIMIT 1 FOR UPDATE",
-    )
-    .await
-    .unwrap();
+/// Runs where another session can hold row locks: PostgreSQL and MySQL/MariaDB (SQLite has
+/// none; its equivalent is `a_live_writer_holds_the_sweep_back_until_it_ends` below).
+async fn rows_locked_by_live_traffic_are_skipped_not_waited_for<D: Driver>()
+where
+    D::Db: RowLocks,
+{
+    let db = D::db(2).await;
+    db.insert_records(10, "expired", "SUCCESS", -HOUR, None)
+        .await;
+    db.insert_messages(10, "expired", "SUCCESS", -HOUR).await;
+    let held = db.lock_first_rows().await;
 
     let sweeper = Sweeper::new(D::pool(&db)).batch_size(3);
     let report = tokio::time::timeout(Duration::from_secs(5), sweeper.run_once())
@@ -479,32 +639,21 @@ async fn rows_locked_by_live_traffic_are_skipped_not_waited_for<D: Driver>() {
     assert_eq!(report.purged_records, 9, "{report:?}");
     assert_eq!(report.purged_messages, 9, "{report:?}");
 
-    tx.rollback().await.unwrap();
+    held.release().await;
     let report = sweeper.run_once().await.unwrap();
     assert_eq!((report.purged_records, report.purged_messages), (1, 1));
 }
 
-async fn concurrent_sweepers_purge_each_row_exactly_once<D: Driver>() {
-    let db = TestDb::new(6).await;
-    insert_records(
-        &db,
-        5000,
-        "expired",
-        "SUCCESS",
-        "now() - interval '1 hour'",
-        "NULL",
-    )
-    .await;
-    insert_messages(&db, 5000, "expired", "FAILED", "now() - interval '30 days'").await;
-    insert_records(
-        &db,
-        100,
-        "live",
-        "SUCCESS",
-        "now() + interval '1 hour'",
-        "NULL",
-    )
-    .await;
+async fn concurrent_sweepers_purge_each_row_exactly_once<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(6).await;
+    db.insert_records(5000, "expired", "SUCCESS", -HOUR, None)
+        .await;
+    db.insert_messages(5000, "expired", "FAILED", -30.0 * DAY)
+        .await;
+    db.insert_records(100, "live", "SUCCESS", HOUR, None).await;
 
     let sweeper = Sweeper::new(D::pool(&db)).batch_size(200);
     let (a, b) = (sweeper.clone(), sweeper.clone());
@@ -520,54 +669,38 @@ async fn concurrent_sweepers_purge_each_row_exactly_once<D: Driver>() {
     db.assert_settles().await;
 }
 
-async fn a_spawned_sweeper_purges_on_every_tick_and_stops_on_shutdown<D: Driver>() {
-    let db = TestDb::new(2).await;
-    insert_records(
-        &db,
-        100,
-        "expired",
-        "SUCCESS",
-        "now() - interval '1 hour'",
-        "NULL",
-    )
-    .await;
+async fn a_spawned_sweeper_purges_on_every_tick_and_stops_on_shutdown<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_records(100, "expired", "SUCCESS", -HOUR, None)
+        .await;
     let handle = Sweeper::new(D::pool(&db))
         .interval(Duration::from_millis(50))
         .spawn();
     eventually("the first sweep", || async { db.records().await == 0 }).await;
 
-    insert_messages(&db, 20, "expired", "SUCCESS", "now() - interval '1 hour'").await;
+    db.insert_messages(20, "expired", "SUCCESS", -HOUR).await;
     eventually("a later sweep", || async { messages(&db).await == 0 }).await;
 
     tokio::time::timeout(Duration::from_secs(5), handle.shutdown())
         .await
         .expect("shutdown did not finish");
-    insert_records(
-        &db,
-        10,
-        "after",
-        "SUCCESS",
-        "now() - interval '1 hour'",
-        "NULL",
-    )
-    .await;
+    db.insert_records(10, "after", "SUCCESS", -HOUR, None).await;
     // Four intervals: a sweeper still running would have purged these.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(db.records().await, 10);
     db.assert_settles().await;
 }
 
-async fn shutdown_does_not_wait_for_the_next_interval<D: Driver>() {
-    let db = TestDb::new(2).await;
-    insert_records(
-        &db,
-        10,
-        "expired",
-        "SUCCESS",
-        "now() - interval '1 hour'",
-        "NULL",
-    )
-    .await;
+async fn shutdown_does_not_wait_for_the_next_interval<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_records(10, "expired", "SUCCESS", -HOUR, None)
+        .await;
     let handle = Sweeper::new(D::pool(&db))
         .interval(Duration::from_secs(3600))
         .spawn();
@@ -588,8 +721,11 @@ fn scoped_request(user: &str, key: &str, amount: i64) -> axum::http::Request<axu
     request
 }
 
-async fn admin_lookup_finds_a_record_by_scope_and_key<D: Driver>() {
-    let db = TestDb::new(4).await;
+async fn admin_lookup_finds_a_record_by_scope_and_key<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(4).await;
     let app = router(
         Arc::new(Knobs::default()),
         scoped(IdempotencyLayer::new(D::pool(&db)).store_raw_key(true)),
@@ -613,20 +749,9 @@ async fn admin_lookup_finds_a_record_by_scope_and_key<D: Driver>() {
     assert!(record.created_at >= before && record.created_at <= SystemTime::now());
     assert!(record.expires_at > SystemTime::now());
     assert_eq!(record.locked_until, None);
-    let row = db
-        .admin
-        .query_one(
-            &format!(
-                "SELECT replace(id::text, '-', ''), encode(fingerprint, 'hex') \
-                 FROM {}.idempotency_records WHERE scope = 'alice'",
-                db.schema
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(record.id, row.get::<_, String>(0));
-    assert_eq!(record.fingerprint, row.get::<_, String>(1));
+    let (id, fingerprint) = db.id_and_fingerprint("alice").await;
+    assert_eq!(record.id, id);
+    assert_eq!(record.fingerprint, fingerprint);
     assert_eq!(record.fingerprint.len(), 64);
 
     // The quoted header form names the same record.
@@ -656,7 +781,7 @@ async fn admin_lookup_finds_a_record_by_scope_and_key<D: Driver>() {
 }
 
 async fn admin_lookup_shows_no_key_unless_the_layer_stores_it<D: Driver>() {
-    let db = TestDb::new(4).await;
+    let db = D::db(4).await;
     let app = router(
         Arc::new(Knobs::default()),
         IdempotencyLayer::new(D::pool(&db)),
@@ -676,47 +801,23 @@ async fn admin_lookup_shows_no_key_unless_the_layer_stores_it<D: Driver>() {
     assert_eq!(record.scope, "");
 }
 
-async fn admin_stale_lists_processing_rows_past_their_lease_oldest_first<D: Driver>() {
-    let db = TestDb::new(2).await;
-    let expires = "now() + interval '1 hour'";
-    insert_records(
-        &db,
-        1,
-        "lapsed-10s",
-        "PROCESSING",
-        expires,
-        "now() - interval '10 seconds'",
-    )
-    .await;
-    insert_records(
-        &db,
-        1,
-        "lapsed-5m",
-        "PROCESSING",
-        expires,
-        "now() - interval '5 minutes'",
-    )
-    .await;
-    insert_records(
-        &db,
-        1,
-        "lapsed-1m",
-        "PROCESSING",
-        expires,
-        "now() - interval '1 minute'",
-    )
-    .await;
-    insert_records(
-        &db,
-        1,
-        "held",
-        "PROCESSING",
-        expires,
-        "now() + interval '1 minute'",
-    )
-    .await;
-    insert_records(&db, 1, "done", "SUCCESS", expires, "NULL").await;
-    insert_records(&db, 1, "failed", "FAILED", expires, "NULL").await;
+async fn admin_stale_lists_processing_rows_past_their_lease_oldest_first<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    let expires = HOUR;
+    db.insert_records(1, "lapsed-10s", "PROCESSING", expires, Some(-10.0))
+        .await;
+    db.insert_records(1, "lapsed-5m", "PROCESSING", expires, Some(-5.0 * MINUTE))
+        .await;
+    db.insert_records(1, "lapsed-1m", "PROCESSING", expires, Some(-MINUTE))
+        .await;
+    db.insert_records(1, "held", "PROCESSING", expires, Some(MINUTE))
+        .await;
+    db.insert_records(1, "done", "SUCCESS", expires, None).await;
+    db.insert_records(1, "failed", "FAILED", expires, None)
+        .await;
 
     let admin = Admin::new(D::pool(&db));
     let stale = admin.stale(10).await.unwrap();
@@ -734,7 +835,7 @@ async fn admin_stale_lists_processing_rows_past_their_lease_oldest_first<D: Driv
 }
 
 async fn admin_shows_inbox_messages_and_failed_ones<D: Driver>() {
-    let db = TestDb::new(2).await;
+    let db = D::db(2).await;
     let inbox = Inbox::new(D::pool(&db), "coupons");
     let payload = b"{\"user_id\":1}";
     let outcome = inbox
@@ -793,36 +894,18 @@ async fn admin_shows_inbox_messages_and_failed_ones<D: Driver>() {
     );
 }
 
-async fn admin_purge_now_uses_the_default_retention<D: Driver>() {
-    let db = TestDb::new(2).await;
-    insert_records(
-        &db,
-        3,
-        "success",
-        "SUCCESS",
-        "now() - interval '1 minute'",
-        "NULL",
-    )
-    .await;
-    insert_records(
-        &db,
-        4,
-        "failed-1d",
-        "FAILED",
-        "now() - interval '1 day'",
-        "NULL",
-    )
-    .await;
-    insert_records(
-        &db,
-        5,
-        "failed-8d",
-        "FAILED",
-        "now() - interval '8 days'",
-        "NULL",
-    )
-    .await;
-    insert_messages(&db, 6, "g", "SUCCESS", "now() - interval '1 minute'").await;
+async fn admin_purge_now_uses_the_default_retention<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_records(3, "success", "SUCCESS", -MINUTE, None)
+        .await;
+    db.insert_records(4, "failed-1d", "FAILED", -DAY, None)
+        .await;
+    db.insert_records(5, "failed-8d", "FAILED", -8.0 * DAY, None)
+        .await;
+    db.insert_messages(6, "g", "SUCCESS", -MINUTE).await;
 
     let report = Admin::new(D::pool(&db)).purge_now().await.unwrap();
     assert_eq!(report.purged_records, 3 + 5, "{report:?}");
@@ -832,7 +915,10 @@ async fn admin_purge_now_uses_the_default_retention<D: Driver>() {
 
 /// A local recorder sees only this thread, so the test drives its own single-threaded
 /// runtime instead of `#[tokio::test]`'s.
-fn a_sweep_emits_the_documented_metrics<D: Driver>() {
+fn a_sweep_emits_the_documented_metrics<D: Driver>()
+where
+    D::Db: Fixtures,
+{
     let capture = Arc::new(Capture::default());
     let recorder = Recorder(Arc::clone(&capture));
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -841,36 +927,15 @@ fn a_sweep_emits_the_documented_metrics<D: Driver>() {
         .unwrap();
     let report = metrics::with_local_recorder(&recorder, || {
         runtime.block_on(async {
-            let db = TestDb::new(2).await;
-            insert_records(
-                &db,
-                3,
-                "expired",
-                "SUCCESS",
-                "now() - interval '1 hour'",
-                "NULL",
-            )
-            .await;
-            insert_messages(&db, 2, "g", "SUCCESS", "now() - interval '1 hour'").await;
-            let expires = "now() + interval '1 hour'";
-            insert_records(
-                &db,
-                1,
-                "lapsed-2m",
-                "PROCESSING",
-                expires,
-                "now() - interval '2 minutes'",
-            )
-            .await;
-            insert_records(
-                &db,
-                1,
-                "lapsed-5s",
-                "PROCESSING",
-                expires,
-                "now() - interval '5 seconds'",
-            )
-            .await;
+            let db = D::db(2).await;
+            db.insert_records(3, "expired", "SUCCESS", -HOUR, None)
+                .await;
+            db.insert_messages(2, "g", "SUCCESS", -HOUR).await;
+            let expires = HOUR;
+            db.insert_records(1, "lapsed-2m", "PROCESSING", expires, Some(-2.0 * MINUTE))
+                .await;
+            db.insert_records(1, "lapsed-5s", "PROCESSING", expires, Some(-5.0))
+                .await;
             Sweeper::new(D::pool(&db))
                 .mark_stale_failed_after(Duration::from_secs(60))
                 .run_once()
@@ -896,7 +961,61 @@ fn a_sweep_emits_the_documented_metrics<D: Driver>() {
     assert_eq!(value("idempotency_stale_marked_failed_total{}"), 1.0);
 }
 
-for_each_driver! {
+/// SQLite's equivalent of `rows_locked_by_live_traffic_are_skipped_not_waited_for`: it has
+/// no row locks to skip, only its one write lock, which live traffic's write transaction
+/// holds. A batch waits for it (up to the busy timeout, 5 s) and the sweep then purges
+/// everything: live traffic holds the sweep back, it does not make it fail.
+#[cfg(feature = "sqlite")]
+async fn a_live_writer_holds_the_sweep_back_until_it_ends() {
+    use ::sqlx::Connection;
+    let db = <Sqlite as Driver>::db(2).await;
+    db.insert_records(10, "expired", "SUCCESS", -HOUR, None)
+        .await;
+    db.insert_messages(10, "expired", "SUCCESS", -HOUR).await;
+    let mut live =
+        ::sqlx::SqliteConnection::connect_with(&common::sqlite::SqliteDb::options_for(&db.path))
+            .await
+            .unwrap();
+    ::sqlx::raw_sql(
+        "BEGIN IMMEDIATE; \
+         UPDATE idempotency_records SET updated_at = updated_at \
+         WHERE rowid = (SELECT min(rowid) FROM idempotency_records)",
+    )
+    .execute(&mut live)
+    .await
+    .unwrap();
+
+    let sweeper = Sweeper::new(Sqlite::pool(&db)).batch_size(3);
+    let started = tokio::time::Instant::now();
+    let sweep = tokio::spawn(async move { sweeper.run_once().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !sweep.is_finished(),
+        "the sweep did not wait for the writer"
+    );
+    // WAL: reading never waits for the writer.
+    assert_eq!(db.records().await, 10);
+    ::sqlx::raw_sql("ROLLBACK")
+        .execute(&mut live)
+        .await
+        .unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(5), sweep)
+        .await
+        .expect("the sweep did not finish once the writer ended")
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_eq!(
+        (report.purged_records, report.purged_messages),
+        (10, 10),
+        "{report:?}"
+    );
+    assert_eq!((db.records().await, messages(&db).await), (0, 0));
+    live.close().await.unwrap();
+    db.assert_settles().await;
+}
+
+for_each_database! {
     #[tokio::test]
     async batched_purge_removes_exactly_the_expired_rows;
     #[tokio::test]
@@ -909,8 +1028,6 @@ for_each_driver! {
     async stale_processing_is_reported_and_left_alone_by_default;
     #[tokio::test]
     async stale_processing_is_marked_failed_and_retryable_when_configured;
-    #[tokio::test]
-    async rows_locked_by_live_traffic_are_skipped_not_waited_for;
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async concurrent_sweepers_purge_each_row_exactly_once;
     #[tokio::test]
@@ -929,4 +1046,30 @@ for_each_driver! {
     async admin_purge_now_uses_the_default_retention;
     #[test]
     sync a_sweep_emits_the_documented_metrics;
+}
+
+// Row locks held by another session: PostgreSQL's drivers here, MySQL/MariaDB's below. SQLite
+// has no row locks (one writer): its equivalent is
+// `sqlite_only::a_live_writer_holds_the_sweep_back_until_it_ends`.
+for_each_postgres_driver! {
+    #[tokio::test]
+    async rows_locked_by_live_traffic_are_skipped_not_waited_for;
+}
+
+#[cfg(feature = "mysql")]
+mod mysql_only {
+    use super::*;
+    for_each_driver!(
+        @test common::MySql;
+        async rows_locked_by_live_traffic_are_skipped_not_waited_for;
+        #[tokio::test]
+    );
+}
+
+#[cfg(feature = "sqlite")]
+mod sqlite_only {
+    #[tokio::test]
+    async fn a_live_writer_holds_the_sweep_back_until_it_ends() {
+        super::a_live_writer_holds_the_sweep_back_until_it_ends().await
+    }
 }

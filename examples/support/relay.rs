@@ -16,7 +16,7 @@ pub(crate) fn payments_queue() -> String {
 #[cfg(feature = "rabbitmq")]
 pub(crate) async fn start<P>(
     pool: P,
-    listener: axum_idempotency::outbox::Listener,
+    listener: Option<axum_idempotency::outbox::Listener>,
     prepared: bool,
 ) -> Result<Option<axum_idempotency::outbox::RelayHandle>, Box<dyn std::error::Error>>
 where
@@ -37,9 +37,9 @@ where
     amqp::declare(&urls, &queue).await?;
     let mut relay =
         OutboxRelay::new(pool, RabbitPublisher::cluster(urls)).prepared_statements(prepared);
-    // Behind a transaction-pooling PgBouncer (no prepared statements) LISTEN does not
-    // work: poll alone.
-    if prepared {
+    // Without a listener (MySQL, SQLite, or behind a transaction-pooling PgBouncer) the
+    // relay polls alone.
+    if let Some(listener) = listener {
         relay = relay.listen(listener);
     }
     let relay = relay.spawn();
@@ -50,7 +50,7 @@ where
 #[cfg(not(feature = "rabbitmq"))]
 pub(crate) async fn start<P>(
     _pool: P,
-    _listener: axum_idempotency::outbox::Listener,
+    _listener: Option<axum_idempotency::outbox::Listener>,
     _prepared: bool,
 ) -> Result<Option<NoRelay>, Box<dyn std::error::Error>> {
     if std::env::var_os("AMQP_URL").is_some() {

@@ -18,10 +18,14 @@ pub enum Error {
     #[cfg(feature = "postgres")]
     #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     Postgres(tokio_postgres::Error),
-    /// PostgreSQL (or the connection to it, or sqlx's pool) reported an error, through
-    /// sqlx (feature `sqlx`).
-    #[cfg(feature = "sqlx")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+    /// The database (or the connection to it, or sqlx's pool) reported an error, through
+    /// sqlx: PostgreSQL (feature `sqlx`), MySQL/MariaDB (feature `mysql`) or SQLite
+    /// (feature `sqlite`).
+    #[cfg(feature = "_sqlx")]
+    #[cfg_attr(
+        docsrs,
+        doc(cfg(any(feature = "sqlx", feature = "mysql", feature = "sqlite")))
+    )]
     Sqlx(::sqlx::Error),
     /// The transaction this handle belonged to has already been committed or rolled back —
     /// typically a handle moved into a task that outlived its handler.
@@ -51,6 +55,10 @@ pub enum Error {
     /// source. (The same codes from a handler's own statement are that statement's
     /// failure, not this.)
     SchemaMissing(Box<Error>),
+    /// The database, or one of its settings, cannot give what the crate needs (a journal
+    /// mode, a server version, a read-only file): a permanent misconfiguration, found by
+    /// [`migrate`](crate::migrate) at start-up. Says what and what to change.
+    Unsupported(String),
     /// The database holds a schema version this build of the crate does not know.
     UnknownSchemaVersion {
         /// Highest version found in the database.
@@ -74,8 +82,9 @@ pub enum Error {
 }
 
 impl Error {
-    /// The five-character SQLSTATE code, when PostgreSQL reported one — also when it came
-    /// through the pool (a connection refused by the server). Compare it with the codes of
+    /// The five-character SQLSTATE code, when PostgreSQL or MySQL/MariaDB reported one —
+    /// also when it came through the pool (a connection refused by the server). SQLite has
+    /// no SQLSTATE. Compare it with the codes of
     /// the PostgreSQL manual's appendix A (`"23505"` is `unique_violation`).
     pub fn sql_state(&self) -> Option<&str> {
         let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
@@ -97,6 +106,7 @@ impl Error {
             || self
                 .sql_state()
                 .is_some_and(|code| matches!(code, "42P01" | "42883" | "42703"))
+            || self.native() == Some(Native::SchemaMissing)
     }
 
     /// Whether this is the crate's own schema missing or outdated, as opposed to a
@@ -123,6 +133,9 @@ impl Error {
     /// Whether a retry may succeed: no pooled connection, a connection lost or refused, the
     /// server shutting down or short of resources, a serialization failure or deadlock.
     pub fn is_transient(&self) -> bool {
+        if let Some(native) = self.native() {
+            return native == Native::Transient;
+        }
         match self {
             Self::Pool(_) => true,
             #[cfg(feature = "postgres")]
@@ -145,7 +158,7 @@ impl Error {
         match self {
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => true,
-            #[cfg(feature = "sqlx")]
+            #[cfg(feature = "_sqlx")]
             Self::Sqlx(e) => matches!(
                 e,
                 ::sqlx::Error::Io(_)
@@ -155,6 +168,73 @@ impl Error {
             ),
             _ => false,
         }
+    }
+}
+
+/// What a MySQL/MariaDB or SQLite error number says, where the SQLSTATE does not say it
+/// (MySQL reports a lock wait timeout as `HY000`; SQLite has no SQLSTATE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+enum Native {
+    /// Retry: a lock wait or busy timeout, a deadlock, a record changed under snapshot
+    /// isolation, the connection killed or the server going away.
+    Transient,
+    /// The crate's schema is missing (no such table or column).
+    SchemaMissing,
+    /// Neither: the SQLSTATE (MySQL) or nothing (SQLite) decides.
+    Other,
+}
+
+impl Error {
+    /// The classification of the first MySQL/MariaDB or SQLite database error in the chain;
+    /// `None` for other errors.
+    fn native(&self) -> Option<Native> {
+        #[cfg(any(feature = "mysql", feature = "sqlite"))]
+        {
+            let mut source: Option<&(dyn std::error::Error + 'static)> = Some(self);
+            while let Some(error) = source {
+                if let Some(database) = error
+                    .downcast_ref::<::sqlx::Error>()
+                    .and_then(::sqlx::Error::as_database_error)
+                {
+                    #[cfg(feature = "mysql")]
+                    if let Some(e) =
+                        database.try_downcast_ref::<::sqlx::mysql::MySqlDatabaseError>()
+                    {
+                        return Some(match e.number() {
+                            // Lock wait timeout, deadlock, record changed (MariaDB's
+                            // snapshot isolation), too many connections, shutdown in
+                            // progress, connection killed, query interrupted.
+                            1205 | 1213 | 1020 | 1040 | 1053 | 1927 | 1317 | 4031 => {
+                                Native::Transient
+                            }
+                            // No such table or column; no such function (1305 also
+                            // says "SAVEPOINT ... does not exist", which is no schema).
+                            1146 | 1054 => Native::SchemaMissing,
+                            1305 if e.message().starts_with("FUNCTION") => Native::SchemaMissing,
+                            _ => Native::Other,
+                        });
+                    }
+                    #[cfg(feature = "sqlite")]
+                    if let Some(e) = database.try_downcast_ref::<::sqlx::sqlite::SqliteError>() {
+                        use ::sqlx::error::DatabaseError;
+                        let code: i32 = e.code().and_then(|c| c.parse().ok()).unwrap_or(0);
+                        return Some(match code & 0xff {
+                            // SQLITE_BUSY (a busy wait that expired), SQLITE_LOCKED.
+                            5 | 6 => Native::Transient,
+                            _ if e.message().starts_with("no such table")
+                                || e.message().starts_with("no such column") =>
+                            {
+                                Native::SchemaMissing
+                            }
+                            _ => Native::Other,
+                        });
+                    }
+                }
+                source = error.source();
+            }
+        }
+        None
     }
 }
 
@@ -175,6 +255,15 @@ fn driver_sql_state<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<
         .and_then(|e| e.try_downcast_ref::<::sqlx::postgres::PgDatabaseError>())
     {
         return Some(database.code());
+    }
+    #[cfg(feature = "mysql")]
+    if let Some(code) = error
+        .downcast_ref::<::sqlx::Error>()
+        .and_then(::sqlx::Error::as_database_error)
+        .and_then(|e| e.try_downcast_ref::<::sqlx::mysql::MySqlDatabaseError>())
+        .and_then(::sqlx::mysql::MySqlDatabaseError::code)
+    {
+        return Some(code);
     }
     None
 }
@@ -204,7 +293,7 @@ impl fmt::Display for Error {
             Self::Pool(_) => f.write_str("could not check out a database connection"),
             #[cfg(feature = "postgres")]
             Self::Postgres(_) => f.write_str("database error"),
-            #[cfg(feature = "sqlx")]
+            #[cfg(feature = "_sqlx")]
             Self::Sqlx(_) => f.write_str("database error"),
             Self::TransactionEnded => f.write_str(
                 "the idempotent transaction has already ended; \
@@ -232,6 +321,7 @@ impl fmt::Display for Error {
                 "the database schema is at version {found}, \
                  newer than the {known} this version of axum-idempotency knows"
             ),
+            Self::Unsupported(what) => f.write_str(what),
             Self::InvalidKey(_) => f.write_str("invalid idempotency key"),
             Self::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
             Self::InvalidMessage(_) => f.write_str("invalid outbox message"),
@@ -246,7 +336,7 @@ impl std::error::Error for Error {
             Self::Pool(e) => Some(&**e),
             #[cfg(feature = "postgres")]
             Self::Postgres(e) => Some(e),
-            #[cfg(feature = "sqlx")]
+            #[cfg(feature = "_sqlx")]
             Self::Sqlx(e) => Some(e),
             Self::SchemaMissing(e) => Some(&**e),
             Self::InvalidKey(e) => Some(e),
@@ -273,8 +363,11 @@ impl From<deadpool_postgres::PoolError> for Error {
     }
 }
 
-#[cfg(feature = "sqlx")]
-#[cfg_attr(docsrs, doc(cfg(feature = "sqlx")))]
+#[cfg(feature = "_sqlx")]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "sqlx", feature = "mysql", feature = "sqlite")))
+)]
 impl From<::sqlx::Error> for Error {
     fn from(e: ::sqlx::Error) -> Self {
         Self::Sqlx(e)

@@ -40,7 +40,7 @@ impl<C> SharedTx<C> {
 
     /// Exclusive access held by a handle for as long as it lives (drivers whose statements
     /// need `&mut` to the connection); `None` if another handle holds it.
-    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    #[cfg_attr(not(feature = "_sqlx"), allow(dead_code))]
     pub(crate) fn try_write_owned(&self) -> Option<OwnedRwLockWriteGuard<Option<C>>> {
         Arc::clone(&self.slot).try_write_owned().ok()
     }

@@ -42,7 +42,7 @@ async fn apply(client: &tokio_postgres::Client) -> Result<(), Error> {
         .query_typed_one(sql::SCHEMA_VERSION, &[])
         .await?
         .get(0);
-    for migration in migrations::pending(current)? {
+    for migration in migrations::pending(migrations::POSTGRES, current)? {
         client.batch_execute(migration.sql).await?;
         client
             .execute_typed(

@@ -34,7 +34,7 @@ async fn apply(tx: &mut PgConnection) -> Result<(), Error> {
         .fetch_one(&mut *tx)
         .await?
         .try_get(0)?;
-    for migration in migrations::pending(current)? {
+    for migration in migrations::pending(migrations::POSTGRES, current)? {
         ::sqlx::raw_sql(migration.sql).execute(&mut *tx).await?;
         statement(sql::RECORD_MIGRATION, false)
             .bind(migration.version)

@@ -137,11 +137,109 @@ impl TestStore for axum_idempotency::sqlx::SqlxStore {
     }
 }
 
+/// The database a driver talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Database {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+impl Database {
+    /// Whether this database's suite runs: PostgreSQL's with `DATABASE_URL` set, MariaDB's
+    /// with `MYSQL_URL` set, SQLite's always (it needs no server). In CI (`CI` set) a
+    /// missing URL fails the test instead: no suite is skipped there.
+    pub fn configured(self) -> bool {
+        let variable = match self {
+            Self::Postgres => "DATABASE_URL",
+            Self::MySql => "MYSQL_URL",
+            Self::Sqlite => return true,
+        };
+        if std::env::var_os(variable).is_some() {
+            return true;
+        }
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "{variable} is unset: CI runs the {self:?} suite"
+        );
+        eprintln!("skipped: {variable} is unset (the {self:?} suite)");
+        false
+    }
+}
+
+/// What every database's test fixture offers the tests written once for all of them.
+pub trait TestDatabase: Send + Sync + 'static {
+    /// The size the test asked for, of the pools [`Driver::pool`] makes.
+    fn pool_size(&self) -> usize;
+    /// A query of one integer, in SQL every database speaks (`SELECT count(*) FROM ..`).
+    fn scalar(&self, sql: &str) -> impl Future<Output = i64> + Send;
+    /// A statement without results, in SQL every database speaks.
+    fn execute(&self, sql: &str) -> impl Future<Output = ()> + Send;
+    /// Moves every idempotency record's expiry one second into the past.
+    fn expire_records(&self) -> impl Future<Output = ()> + Send;
+    /// The only record's (status, body, scope, raw key, whole seconds from creation to
+    /// expiry, fingerprint length).
+    fn only_record(&self) -> impl Future<Output = RecordColumns> + Send;
+    /// The only record's (state, retryable, fencing token, status, lease still running).
+    fn lease_record(&self) -> impl Future<Output = (String, bool, i64, i16, bool)> + Send;
+    /// Makes `next` the next fencing token a lease draws.
+    fn next_fencing_token(&self, next: i64) -> impl Future<Output = ()> + Send;
+    /// An inbox message's record.
+    fn message_record(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> impl Future<Output = Option<MessageColumns>> + Send;
+    /// Moves every inbox record's expiry one second into the past.
+    fn expire_messages(&self) -> impl Future<Output = ()> + Send;
+    /// Waits until no connection of the test's pools holds a transaction or a lock;
+    /// panics after 10 s.
+    fn assert_settles(&self) -> impl Future<Output = ()> + Send;
+
+    fn orders(&self) -> impl Future<Output = i64> + Send {
+        self.scalar("SELECT count(*) FROM orders")
+    }
+
+    fn records(&self) -> impl Future<Output = i64> + Send {
+        self.scalar("SELECT count(*) FROM idempotency_records")
+    }
+}
+
+/// One idempotency record's columns, as [`TestDatabase::only_record`] reads them.
+#[derive(Debug)]
+pub struct RecordColumns {
+    pub status: i16,
+    pub body: Vec<u8>,
+    pub scope: String,
+    pub key: Option<String>,
+    pub ttl_seconds: i64,
+    pub fingerprint_len: i64,
+}
+
+/// An inbox record's columns, as [`TestDatabase::message_record`] reads them.
+#[derive(Debug)]
+pub struct MessageColumns {
+    pub status: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub payload_digest: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+}
+
+/// A driver over PostgreSQL, whose tests use [`TestDb`] and its PostgreSQL-only checks.
+pub trait PgDriver: Driver<Db = TestDb> {}
+
+impl<D: Driver<Db = TestDb>> PgDriver for D {}
+
 /// One of the drivers under test.
 pub trait Driver: Send + Sync + 'static {
     /// What the application hands the crate.
     type Pool: IntoStore<Store = Self::Store> + Clone + Send + Sync + 'static;
     type Store: TestStore;
+    /// The test's database.
+    type Db: TestDatabase;
+    /// The database behind the driver.
+    const DATABASE: Database;
     /// Whether the record's INSERT and the COMMIT leave in one round trip, so a future
     /// dropped while the INSERT waits still commits.
     const PIPELINED: bool;
@@ -152,8 +250,11 @@ pub trait Driver: Send + Sync + 'static {
     /// from the transaction once the handler returned.
     const GUARDED: bool;
 
-    /// A pool over this test's schema, as large as the test's own.
-    fn pool(db: &TestDb) -> Self::Pool;
+    /// A migrated database of the test's own with the test tables (`orders`, `parents`,
+    /// `children`), its pools `pool_size` large.
+    fn db(pool_size: usize) -> impl Future<Output = Self::Db> + Send;
+    /// A pool over this test's database, as large as the test's own.
+    fn pool(db: &Self::Db) -> Self::Pool;
     /// Connections checked out of `pool`.
     fn in_use(pool: &Self::Pool) -> usize;
     /// Checks a connection out of `pool` and keeps it until the value is dropped.
@@ -166,9 +267,15 @@ pub struct Deadpool;
 impl Driver for Deadpool {
     type Pool = deadpool_postgres::Pool;
     type Store = axum_idempotency::postgres::PgStore;
+    type Db = TestDb;
+    const DATABASE: Database = Database::Postgres;
     const PIPELINED: bool = true;
     const LAZY: bool = true;
     const GUARDED: bool = true;
+
+    async fn db(pool_size: usize) -> TestDb {
+        TestDb::new(pool_size).await
+    }
 
     fn pool(db: &TestDb) -> Self::Pool {
         db.pool.clone()
@@ -191,9 +298,15 @@ pub struct Bb8;
 impl Driver for Bb8 {
     type Pool = bb8::Pool<bb8_postgres::PostgresConnectionManager<tokio_postgres::NoTls>>;
     type Store = axum_idempotency::postgres::PgStore;
+    type Db = TestDb;
+    const DATABASE: Database = Database::Postgres;
     const PIPELINED: bool = true;
     const LAZY: bool = true;
     const GUARDED: bool = true;
+
+    async fn db(pool_size: usize) -> TestDb {
+        TestDb::new(pool_size).await
+    }
 
     fn pool(db: &TestDb) -> Self::Pool {
         let mut config: tokio_postgres::Config = database_url().parse().unwrap();
@@ -225,9 +338,15 @@ pub struct Sqlx;
 impl Driver for Sqlx {
     type Pool = sqlx::PgPool;
     type Store = axum_idempotency::sqlx::SqlxStore;
+    type Db = TestDb;
+    const DATABASE: Database = Database::Postgres;
     const PIPELINED: bool = false;
     const LAZY: bool = false;
     const GUARDED: bool = false;
+
+    async fn db(pool_size: usize) -> TestDb {
+        TestDb::new(pool_size).await
+    }
 
     fn pool(db: &TestDb) -> Self::Pool {
         let options: sqlx::postgres::PgConnectOptions = database_url().parse().unwrap();
@@ -249,8 +368,9 @@ impl Driver for Sqlx {
     }
 }
 
-/// Makes one test per driver of each listed `async fn name<D: Driver>()` (or, marked
-/// `sync`, `fn name<D: Driver>()`), with the attributes given before it.
+/// Makes one test per PostgreSQL driver of each listed `async fn name<D: PgDriver>()` (or,
+/// marked `sync`, `fn name<D: PgDriver>()`), with the attributes given before it: tests of
+/// what only PostgreSQL does, or that check it through [`TestDb`]'s PostgreSQL views.
 #[macro_export]
 macro_rules! for_each_driver {
     ($($(#[$attr:meta])* $kind:ident $name:ident;)*) => {
@@ -269,13 +389,49 @@ macro_rules! for_each_driver {
     (@test $driver:ty; async $name:ident; $(#[$attr:meta])*) => {
         $(#[$attr])*
         async fn $name() {
+            if !<$driver as $crate::common::Driver>::DATABASE.configured() {
+                return;
+            }
             super::$name::<$driver>().await
         }
     };
     (@test $driver:ty; sync $name:ident; $(#[$attr:meta])*) => {
         $(#[$attr])*
         fn $name() {
+            if !<$driver as $crate::common::Driver>::DATABASE.configured() {
+                return;
+            }
             super::$name::<$driver>()
+        }
+    };
+}
+
+/// Like [`for_each_driver!`], for tests written once for every database
+/// (`async fn name<D: Driver>()`, through [`TestDatabase`]): one test per PostgreSQL
+/// driver, and `mysql::name` and `sqlite::name`.
+#[macro_export]
+macro_rules! for_each_database {
+    ($($(#[$attr:meta])* $kind:ident $name:ident;)*) => {
+        $crate::for_each_driver! { $($(#[$attr])* $kind $name;)* }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $($crate::for_each_driver!(@test $crate::common::MySql; $kind $name; $(#[$attr])*);)*
+        }
+        #[cfg(feature = "sqlite")]
+        mod sqlite {
+            $($crate::for_each_driver!(@test $crate::common::Sqlite; $kind $name; $(#[$attr])*);)*
+        }
+    };
+}
+
+/// [`for_each_driver!`] in a file whose other tests are [`for_each_database!`]'s: the
+/// PostgreSQL-only tests, as `postgres_only::deadpool::name` and so on.
+#[macro_export]
+macro_rules! for_each_postgres_driver {
+    ($($list:tt)*) => {
+        mod postgres_only {
+            use super::*;
+            $crate::for_each_driver! { $($list)* }
         }
     };
 }

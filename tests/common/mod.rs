@@ -4,11 +4,23 @@
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
 pub mod drivers;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod proxy;
 pub mod rabbit;
+pub mod raw_http;
 pub mod recorder;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
-pub use drivers::{Bb8, Deadpool, Driver, Sqlx, TestStore, TestTx};
+pub use drivers::{
+    Bb8, Database, Deadpool, Driver, MessageColumns, PgDriver, RecordColumns, Sqlx, TestDatabase,
+    TestStore, TestTx,
+};
+#[cfg(feature = "mysql")]
+pub use mysql::MySql;
+#[cfg(feature = "sqlite")]
+pub use sqlite::Sqlite;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -226,6 +238,107 @@ impl TestDb {
             self.idle_in_transaction().await,
             self.advisory_locks().await
         );
+    }
+}
+
+impl TestDatabase for TestDb {
+    fn pool_size(&self) -> usize {
+        self.pool_size
+    }
+
+    async fn scalar(&self, sql: &str) -> i64 {
+        TestDb::scalar(self, sql).await
+    }
+
+    async fn execute(&self, sql: &str) {
+        self.admin
+            .batch_execute(&format!("SET search_path = {}; {sql}", self.schema))
+            .await
+            .unwrap();
+    }
+
+    async fn expire_records(&self) {
+        self.execute("UPDATE idempotency_records SET expires_at = now() - interval '1 second'")
+            .await;
+    }
+
+    async fn only_record(&self) -> RecordColumns {
+        let row = self
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT status, body, scope, idempotency_key, \
+                     extract(epoch from expires_at - created_at)::bigint, \
+                     length(fingerprint)::bigint FROM {}.idempotency_records",
+                    self.schema
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        RecordColumns {
+            status: row.get(0),
+            body: row.get(1),
+            scope: row.get(2),
+            key: row.get(3),
+            ttl_seconds: row.get(4),
+            fingerprint_len: row.get(5),
+        }
+    }
+
+    async fn lease_record(&self) -> (String, bool, i64, i16, bool) {
+        let row = self
+            .admin
+            .query_one(
+                &format!(
+                    "SELECT state, retryable, fencing_token, status, \
+                     locked_until > now() IS TRUE FROM {}.idempotency_records",
+                    self.schema
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
+    }
+
+    async fn next_fencing_token(&self, next: i64) {
+        self.execute(&format!(
+            "SELECT setval('idempotency_fencing_tokens', {})",
+            next - 1
+        ))
+        .await;
+    }
+
+    async fn message_record(&self, group: &str, message_id: &str) -> Option<MessageColumns> {
+        let row = self
+            .admin
+            .query_opt(
+                &format!(
+                    "SELECT status, attempts, last_error, payload_digest, payload \
+                     FROM {}.inbox_messages WHERE consumer_group = $1 AND message_id = $2",
+                    self.schema
+                ),
+                &[&group, &message_id],
+            )
+            .await
+            .unwrap()?;
+        Some(MessageColumns {
+            status: row.get(0),
+            attempts: row.get(1),
+            last_error: row.get(2),
+            payload_digest: row.get(3),
+            payload: row.get(4),
+        })
+    }
+
+    async fn expire_messages(&self) {
+        self.execute("UPDATE inbox_messages SET expires_at = now() - interval '1 second'")
+            .await;
+    }
+
+    async fn assert_settles(&self) {
+        TestDb::assert_settles(self).await
     }
 }
 

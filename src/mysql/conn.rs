@@ -1,0 +1,269 @@
+//! A pooled MySQL/MariaDB connection the crate changed (a transaction, session settings),
+//! its clean way back to the pool, and the statement helpers every concern shares.
+
+use std::time::Duration;
+
+use ::sqlx::mysql::{MySql, MySqlArguments, MySqlDatabaseError, MySqlRow};
+use ::sqlx::pool::PoolConnection;
+use ::sqlx::query::Query;
+use ::sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, SqlSafeStr, Transaction};
+
+use super::{MySqlStore, sql};
+use crate::engine::error::Error;
+use crate::engine::record::Backlog;
+
+/// A pooled connection the crate took out of the pool: possibly inside a transaction it
+/// began, possibly with its session settings changed (`autocommit`, the lock wait timeout).
+///
+/// It goes back to the pool only through [`finish`](Self::finish), which ends the
+/// transaction and restores the settings in one round trip. Dropped on any other path (an
+/// error, a dropped future, a panic), the connection is closed instead of returned, and the
+/// server rolls its transaction back: a connection never goes back to the pool inside a
+/// transaction or with the crate's session settings.
+pub struct MySqlConn {
+    conn: Option<PoolConnection<MySql>>,
+    /// The crate began a transaction or changed session settings not yet restored.
+    dirty: bool,
+    pub(super) persistent: bool,
+}
+
+impl MySqlConn {
+    pub(super) fn new(conn: PoolConnection<MySql>, persistent: bool) -> Self {
+        Self {
+            conn: Some(conn),
+            dirty: false,
+            persistent,
+        }
+    }
+
+    /// A connection that holds nothing: the answer needed no transaction.
+    pub(super) fn ended(persistent: bool) -> Self {
+        Self {
+            conn: None,
+            dirty: false,
+            persistent,
+        }
+    }
+
+    pub(crate) fn connection(&self) -> &MySqlConnection {
+        self.conn.as_deref().expect("MySqlConn used after it ended")
+    }
+
+    pub(crate) fn connection_mut(&mut self) -> &mut MySqlConnection {
+        self.conn
+            .as_deref_mut()
+            .expect("MySqlConn used after it ended")
+    }
+
+    /// The store's prepared-statement setting, for statements run through a handle.
+    pub(crate) fn persistent(&self) -> bool {
+        self.persistent
+    }
+
+    /// Runs `begin` (session settings ending in `START TRANSACTION`) through sqlx's
+    /// transaction manager, so sqlx counts the transaction: a handler's nested
+    /// `Connection::begin` then takes a SAVEPOINT instead of sending `BEGIN`, which in
+    /// MySQL would commit the request's transaction.
+    pub(super) async fn begin(&mut self, begin: String) -> Result<(), ::sqlx::Error> {
+        self.dirty = true;
+        let tx = Transaction::<MySql>::begin(
+            self.connection_mut(),
+            Some(AssertSqlSafe(begin).into_sql_str()),
+        )
+        .await?;
+        // sqlx now counts the transaction on the connection; the crate ends it itself, in
+        // `finish`, with the session's restore in the same round trip.
+        std::mem::forget(tx);
+        Ok(())
+    }
+
+    /// Marks the session changed (a statement-level lock wait timeout) outside a
+    /// transaction.
+    pub(super) fn touch(&mut self) {
+        self.dirty = true;
+    }
+
+    /// Ends the transaction (`COMMIT` or `ROLLBACK`) and restores the session in the same
+    /// round trip; the connection may then go back to the pool. On error it stays dirty,
+    /// and is closed when dropped.
+    pub(super) async fn finish(&mut self, commit: bool) -> Result<(), ::sqlx::Error> {
+        let end = if commit {
+            sql::COMMIT_AND_RESTORE
+        } else {
+            sql::ROLLBACK_AND_RESTORE
+        };
+        let conn = self.connection_mut();
+        conn.execute(end).await?;
+        if conn.is_in_transaction() {
+            // The transaction has ended on the server; sqlx's count of it goes back to
+            // zero the one way its public API offers: a custom `BEGIN` inside a counted
+            // transaction is refused at once, and the refused `Transaction`, dropped, counts
+            // one transaction ended and queues a `ROLLBACK` — a no-op now, sent before the
+            // connection's next statement (the pool's release check).
+            let refused = Transaction::<MySql>::begin(
+                &mut *conn,
+                Some(AssertSqlSafe("BEGIN").into_sql_str()),
+            )
+            .await;
+            let began = refused.map(std::mem::forget).is_ok();
+            if began || conn.is_in_transaction() {
+                // Not what sqlx 0.9 does: keep the connection out of the pool.
+                return Ok(());
+            }
+        }
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// Rolls back and restores the session, or, if that fails, leaves the connection to be
+    /// closed when dropped.
+    pub(super) async fn reset(&mut self) {
+        if self.conn.is_none() || !self.dirty {
+            return;
+        }
+        if let Err(error) = self.finish(false).await {
+            tracing::debug!(%error, "ROLLBACK failed; the connection is closed");
+        }
+    }
+
+    /// Ends the connection's use: back to the pool if clean, closed otherwise.
+    pub(super) fn release(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            if self.dirty {
+                conn.close_on_drop();
+            }
+        }
+    }
+}
+
+impl Drop for MySqlConn {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl std::fmt::Debug for MySqlConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MySqlConn")
+            .field("open", &self.conn.is_some())
+            .field("dirty", &self.dirty)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The server's error number of a database error.
+pub(super) fn error_number(error: &::sqlx::Error) -> Option<u16> {
+    Some(
+        error
+            .as_database_error()?
+            .try_downcast_ref::<MySqlDatabaseError>()?
+            .number(),
+    )
+}
+
+/// Duplicate key.
+pub(super) const DUPLICATE_KEY: u16 = 1062;
+/// No such table.
+pub(super) const NO_SUCH_TABLE: u16 = 1146;
+/// `SAVEPOINT ... does not exist`: the transaction that took it is gone.
+pub(super) const NO_SUCH_SAVEPOINT: u16 = 1305;
+
+/// A lock not granted: `NOWAIT` refused (MariaDB 1205, MySQL 3572) or the lock wait
+/// timeout passed (1205).
+pub(super) fn lock_refused(error: &::sqlx::Error) -> bool {
+    matches!(error_number(error), Some(1205 | 3572))
+}
+
+/// The transient error for a transaction the server rolled back under the handler (a
+/// deadlock, or a lock wait timeout with `innodb_rollback_on_timeout`) that the handler did
+/// not pass on: nothing of it was committed, and a retry may succeed.
+pub(super) fn transaction_lost() -> Error {
+    Error::Sqlx(::sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::Interrupted,
+        "MySQL rolled the transaction back under the handler (a deadlock or lock wait \
+         timeout it did not pass on); nothing was committed",
+    )))
+}
+
+/// A savepoint statement's error: the savepoint gone means the transaction is gone.
+pub(super) fn savepoint_error(error: ::sqlx::Error) -> Error {
+    if error_number(&error) == Some(NO_SUCH_SAVEPOINT) {
+        transaction_lost()
+    } else {
+        Error::Sqlx(error)
+    }
+}
+
+/// Whole seconds for `innodb_lock_wait_timeout` (at least 1): `wait` rounded up.
+pub(super) fn lock_wait_seconds(wait: Option<Duration>) -> u64 {
+    let Some(wait) = wait else { return 1 };
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    secs.clamp(1, 3600)
+}
+
+/// A duration in whole microseconds, for `INTERVAL ? MICROSECOND`.
+pub(super) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX / 2)
+}
+
+pub(super) fn statement(
+    sql: &'static str,
+    persistent: bool,
+) -> Query<'static, MySql, MySqlArguments> {
+    ::sqlx::query(sql).persistent(persistent)
+}
+
+impl MySqlStore {
+    pub(super) fn query(&self, sql: &'static str) -> Query<'static, MySql, MySqlArguments> {
+        statement(sql, self.persistent)
+    }
+
+    /// A pooled connection, not yet changed.
+    pub(super) async fn acquire(&self) -> Result<MySqlConn, Error> {
+        Ok(MySqlConn::new(self.pool.acquire().await?, self.persistent))
+    }
+
+    /// A connection inside a READ COMMITTED transaction whose row-lock waits are bounded
+    /// by `lock_wait` whole seconds, for the crate's own short transactions.
+    pub(super) async fn begin_internal(&self, lock_wait: u64) -> Result<MySqlConn, Error> {
+        let mut conn = self.acquire().await?;
+        conn.begin(sql::begin(false, Some(lock_wait), false))
+            .await?;
+        Ok(conn)
+    }
+
+    /// `query` run on its own (autocommit, READ COMMITTED) with its lock waits bounded to
+    /// one second; the rows it affected.
+    pub(super) async fn execute_bounded(
+        &self,
+        query: Query<'static, MySql, MySqlArguments>,
+    ) -> Result<u64, Error> {
+        let mut conn = self.acquire().await?;
+        conn.touch();
+        conn.connection_mut()
+            .execute(sql::BOUND_NEXT_STATEMENT)
+            .await?;
+        let done = query.execute(conn.connection_mut()).await?;
+        conn.finish(false).await?;
+        Ok(done.rows_affected())
+    }
+
+    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
+    pub(super) async fn backlog(&self, sql: &'static str) -> Result<Backlog, Error> {
+        use ::sqlx::Row;
+        let row = self.query(sql).fetch_one(&self.pool).await?;
+        Ok(Backlog {
+            count: row.try_get(0)?,
+            oldest_seconds: row.try_get(1)?,
+        })
+    }
+
+    pub(super) async fn rows<T>(
+        &self,
+        query: Query<'static, MySql, MySqlArguments>,
+        map: fn(&MySqlRow) -> Result<T, ::sqlx::Error>,
+    ) -> Result<Vec<T>, Error> {
+        let rows = query.fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+    }
+}

@@ -1,0 +1,232 @@
+//! The Inbox on MySQL/MariaDB: a message's claim under its row lock (the upserted row —
+//! a placeholder for a new message — stands in for PostgreSQL's advisory lock), and its
+//! outcome recorded in the same transaction.
+
+use std::time::Duration;
+
+use ::sqlx::mysql::{MySql, MySqlArguments};
+use ::sqlx::query::Query;
+use ::sqlx::{Executor, Row};
+
+use super::MySqlStore;
+use super::conn::{
+    MySqlConn, lock_refused, lock_wait_seconds, micros, savepoint_error, statement,
+    transaction_lost,
+};
+use super::sql;
+use crate::engine::error::Error;
+use crate::engine::key::RecordId;
+use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
+use crate::engine::view::{InboxFailures, MessageInfo};
+use crate::store::{InboxStore, rows};
+
+impl InboxStore for MySqlStore {
+    /// `BEGIN` (READ COMMITTED, `autocommit = 0`, lock waits bounded by `wait` in whole
+    /// seconds, at least 1), the row lock's upsert, the record's read, and the savepoint
+    /// with the lock wait timeout restored for the work.
+    async fn inbox_claim(
+        &self,
+        _id: RecordId,
+        group: &str,
+        message_id: &str,
+        wait: Duration,
+    ) -> Result<InboxClaim<MySqlConn>, Error> {
+        let mut conn = self.acquire().await?;
+        conn.begin(sql::begin(true, Some(lock_wait_seconds(Some(wait))), false))
+            .await?;
+        let locked = self
+            .query(sql::INBOX_LOCK)
+            .bind(group)
+            .bind(message_id)
+            .execute(conn.connection_mut())
+            .await;
+        match locked {
+            Err(e) if lock_refused(&e) => {
+                conn.reset().await;
+                return Ok(InboxClaim::Busy);
+            }
+            locked => locked?,
+        };
+        let found = self
+            .query(sql::INBOX_LOOKUP)
+            .bind(group)
+            .bind(message_id)
+            .fetch_optional(conn.connection_mut())
+            .await?;
+        conn.connection_mut().execute(sql::WORK_SAVEPOINT).await?;
+        let record = match found {
+            Some(row) => Some(InboxRecord {
+                succeeded: row.try_get(0)?,
+                attempts: row.try_get(1)?,
+                last_error: row.try_get(2)?,
+                live: row.try_get(3)?,
+                payload_digest: row.try_get(4)?,
+            }),
+            None => None,
+        };
+        Ok(InboxClaim::Locked(conn, record))
+    }
+
+    /// The savepoint check, the record's `UPDATE` on the locked row, and `COMMIT`.
+    async fn inbox_commit(
+        conn: &mut MySqlConn,
+        write: &InboxWrite<'_>,
+        attempts: i32,
+    ) -> Result<(), Error> {
+        if let Err(e) = conn.connection_mut().execute(sql::RELEASE_WORK).await {
+            conn.reset().await;
+            return Err(savepoint_error(e));
+        }
+        let done = statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
+            .bind(attempts)
+            .bind(write.payload_digest)
+            .bind(write.payload)
+            .bind(write.payload_key_id)
+            .bind(micros(write.retention))
+            .bind(write.group)
+            .bind(write.message_id)
+            .execute(conn.connection_mut())
+            .await;
+        match done {
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => {
+                conn.reset().await;
+                return Err(transaction_lost());
+            }
+            Err(e) => {
+                conn.reset().await;
+                return Err(e.into());
+            }
+        }
+        conn.finish(true).await?;
+        Ok(())
+    }
+
+    /// The rollback to the savepoint (the work discarded, the row lock kept), the failed
+    /// attempt on the locked row, its count, and `COMMIT`.
+    async fn inbox_fail(
+        mut conn: MySqlConn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        if let Err(e) = conn.connection_mut().execute(sql::ROLLBACK_WORK).await {
+            conn.reset().await;
+            return Err(savepoint_error(e));
+        }
+        let persistent = conn.persistent();
+        let attempts = record_failure(&mut conn, write, error, persistent).await;
+        match attempts {
+            Ok(attempts) => {
+                conn.finish(true).await?;
+                Ok(attempts)
+            }
+            Err(e) => {
+                conn.reset().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// In a transaction of its own: the row lock's upsert (waits bounded to 1 s), the
+    /// failed attempt, its count, and `COMMIT`.
+    async fn inbox_record_failure(
+        &self,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        let mut conn = self.begin_internal(1).await?;
+        self.query(sql::INBOX_LOCK)
+            .bind(write.group)
+            .bind(write.message_id)
+            .execute(conn.connection_mut())
+            .await?;
+        let attempts = record_failure(&mut conn, write, error, self.persistent).await?;
+        conn.finish(true).await?;
+        Ok(attempts)
+    }
+
+    async fn message_info(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> Result<Option<MessageInfo>, Error> {
+        let query = self.query(sql::ADMIN_MESSAGE).bind(group).bind(message_id);
+        Ok(self.rows(query, rows::message_info).await?.pop())
+    }
+
+    async fn failed_messages(&self, group: &str, limit: i64) -> Result<Vec<MessageInfo>, Error> {
+        let query = self
+            .query(sql::ADMIN_FAILED_MESSAGES)
+            .bind(group)
+            .bind(limit);
+        self.rows(query, rows::message_info).await
+    }
+
+    async fn failed_page(
+        &self,
+        group: &str,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<(MessageInfo, i64)>, Error> {
+        let query = self
+            .query(sql::ADMIN_FAILED_PAGE)
+            .bind(group)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(limit);
+        self.rows(query, rows::failed_row).await
+    }
+
+    async fn failed_groups(&self, give_up: i32, limit: i64) -> Result<Vec<InboxFailures>, Error> {
+        let query = self
+            .query(sql::ADMIN_FAILED_GROUPS)
+            .bind(give_up)
+            .bind(limit);
+        self.rows(query, rows::inbox_failures).await
+    }
+
+    async fn inbox_reset(&self, group: &str, message_id: &str) -> Result<bool, Error> {
+        let query = self
+            .query(sql::ADMIN_RESET_INBOX)
+            .bind(group)
+            .bind(message_id);
+        Ok(self.execute_bounded(query).await? == 1)
+    }
+}
+
+/// The failed attempt on the locked row and, unless the message has succeeded, its count.
+async fn record_failure(
+    conn: &mut MySqlConn,
+    write: &InboxWrite<'_>,
+    error: &str,
+    persistent: bool,
+) -> Result<Option<i32>, Error> {
+    let done = failure(write, error, persistent)
+        .execute(conn.connection_mut())
+        .await?;
+    if done.rows_affected() == 0 {
+        return Ok(None);
+    }
+    let row = statement(sql::INBOX_ATTEMPTS, persistent)
+        .bind(write.group)
+        .bind(write.message_id)
+        .fetch_one(conn.connection_mut())
+        .await?;
+    Ok(Some(row.try_get(0)?))
+}
+
+/// `sql::INBOX_RECORD_FAILURE` with its parameters bound.
+fn failure<'a>(
+    write: &'a InboxWrite<'_>,
+    error: &'a str,
+    persistent: bool,
+) -> Query<'static, MySql, MySqlArguments> {
+    statement(sql::INBOX_RECORD_FAILURE, persistent)
+        .bind(write.payload_digest)
+        .bind(write.payload)
+        .bind(write.payload_key_id)
+        .bind(error)
+        .bind(micros(write.retention))
+        .bind(write.group)
+        .bind(write.message_id)
+}

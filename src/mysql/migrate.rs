@@ -1,0 +1,140 @@
+//! `migrate` on MySQL/MariaDB: the start-up check of the server (its version, its packet
+//! limit), then the migration files, serialised by a `GET_LOCK` on a connection of its own.
+
+use ::sqlx::{Executor, MySqlConnection, MySqlPool, Row};
+
+use super::conn::statement;
+use super::sql;
+use crate::engine::error::Error;
+use crate::store::migrations;
+
+/// The name of the migration lock (`GET_LOCK` names are per server).
+const LOCK_NAME: &str = "axum_idempotency_migrate";
+/// How long a `migrate` waits for another one, in seconds.
+const LOCK_WAIT_SECONDS: i64 = 300;
+/// The packet limit below which `migrate` warns: a stored response (body and headers)
+/// travels in one packet.
+const MIN_PACKET: i64 = 16 * 1024 * 1024;
+
+/// Checks the server, then applies the migrations the database lacks under the migration
+/// lock. The lock is session-scoped, so it is taken on a connection of its own and released
+/// before that connection goes back; on any error the connection is closed instead, which
+/// releases the lock.
+pub(super) async fn run(pool: &MySqlPool) -> Result<(), Error> {
+    let mut conn = pool.acquire().await?;
+    check_server(&mut conn).await?;
+    let locked: Option<i64> = statement(sql::MIGRATION_LOCK, false)
+        .bind(LOCK_NAME)
+        .bind(LOCK_WAIT_SECONDS)
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    if locked != Some(1) {
+        return Err(Error::Unsupported(format!(
+            "another axum_idempotency::migrate held the lock {LOCK_NAME} for more than \
+             {LOCK_WAIT_SECONDS} s; let it finish (or end its session) and run migrate again"
+        )));
+    }
+    match apply(&mut conn).await {
+        Ok(()) => {
+            let released = statement(sql::MIGRATION_UNLOCK, false)
+                .bind(LOCK_NAME)
+                .fetch_one(&mut *conn)
+                .await;
+            if released.is_err() {
+                conn.close_on_drop();
+            }
+            Ok(())
+        }
+        Err(error) => {
+            // Closing the session releases its lock.
+            conn.close_on_drop();
+            Err(error)
+        }
+    }
+}
+
+/// The server's version (MariaDB 10.6 / MySQL 8.0 or later) and its packet limit.
+async fn check_server(conn: &mut MySqlConnection) -> Result<(), Error> {
+    let row = statement(sql::SERVER_SETTINGS, false)
+        .fetch_one(&mut *conn)
+        .await?;
+    let version: String = row.try_get(0)?;
+    let packet: i64 = row.try_get(1)?;
+    if let Some(problem) = unsupported_version(&version) {
+        return Err(Error::Unsupported(problem));
+    }
+    if packet < MIN_PACKET {
+        tracing::warn!(
+            max_allowed_packet = packet,
+            "max_allowed_packet is below 16 MiB: a stored response (body and headers) larger \
+             than it cannot be stored; raise max_allowed_packet on the server"
+        );
+    }
+    Ok(())
+}
+
+/// Why a server of this `VERSION()` cannot run the crate, if it cannot.
+fn unsupported_version(version: &str) -> Option<String> {
+    let mut numbers = version
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|part| !part.is_empty())
+        .map(|part| part.parse::<u32>().unwrap_or(0));
+    let major = numbers.next().unwrap_or(0);
+    let minor = numbers.next().unwrap_or(0);
+    let mariadb = version.to_ascii_lowercase().contains("mariadb");
+    let (name, needed) = if mariadb {
+        ("MariaDB", (10, 6))
+    } else {
+        ("MySQL", (8, 0))
+    };
+    ((major, minor) < needed).then(|| {
+        format!(
+            "the database server is {name} {version}; axum-idempotency needs MariaDB 10.6 or \
+             MySQL 8.0 or later (for NOWAIT, SKIP LOCKED and CHECK constraints): upgrade the server"
+        )
+    })
+}
+
+/// The pending migrations, each file's statements in one multi-statement round trip (DDL
+/// commits implicitly; every statement is safe to repeat).
+async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
+    conn.execute(sql::CREATE_MIGRATIONS_TABLE).await?;
+    let current: i32 = statement(sql::SCHEMA_VERSION, false)
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    for migration in migrations::pending(migrations::MYSQL, current)? {
+        ::sqlx::raw_sql(migration.sql).execute(&mut *conn).await?;
+        statement(sql::RECORD_MIGRATION, false)
+            .bind(migration.version)
+            .bind(migration.name)
+            .execute(&mut *conn)
+            .await?;
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applied migration"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unsupported_version;
+
+    #[test]
+    fn old_servers_are_refused_in_one_line() {
+        assert!(unsupported_version("10.11.19-MariaDB-0+deb12u1").is_none());
+        assert!(unsupported_version("10.6.2-MariaDB").is_none());
+        assert!(unsupported_version("11.4.2-MariaDB").is_none());
+        assert!(unsupported_version("8.0.36").is_none());
+        assert!(unsupported_version("8.4.0").is_none());
+        let old = unsupported_version("10.5.9-MariaDB").expect("refused");
+        assert!(old.contains("MariaDB 10.6") && !old.contains('\n'), "{old}");
+        assert!(unsupported_version("5.7.44").is_some());
+        // A MariaDB that reports a MySQL-compatible prefix.
+        assert!(unsupported_version("5.5.5-10.4.1-MariaDB").is_some());
+    }
+}

@@ -1,0 +1,165 @@
+//! The Inbox on SQLite: a message's claim under SQLite's write lock (`BEGIN IMMEDIATE`
+//! serialises its consumers), and its outcome recorded in the same transaction.
+
+use std::time::Duration;
+
+use ::sqlx::query::Query;
+use ::sqlx::sqlite::{Sqlite, SqliteArguments};
+use ::sqlx::{Executor, Row};
+
+use super::conn::{SqliteConn, statement};
+use super::{SqliteStore, sql};
+use crate::engine::error::Error;
+use crate::engine::key::RecordId;
+use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
+use crate::engine::view::{InboxFailures, MessageInfo};
+use crate::store::{InboxStore, rows};
+
+impl InboxStore for SqliteStore {
+    /// `BEGIN IMMEDIATE` (waiting at most `wait`, or the busy timeout if it comes first:
+    /// then [`InboxClaim::Busy`]), the message's record, and the savepoint a failed attempt
+    /// rolls back to.
+    async fn inbox_claim(
+        &self,
+        _id: RecordId,
+        group: &str,
+        message_id: &str,
+        wait: Duration,
+    ) -> Result<InboxClaim<SqliteConn>, Error> {
+        let Some(mut conn) = self.begin_write(Some(wait)).await? else {
+            return Ok(InboxClaim::Busy);
+        };
+        let found = self
+            .query(sql::INBOX_LOOKUP)
+            .bind(group)
+            .bind(message_id)
+            .fetch_optional(conn.connection_mut())
+            .await?;
+        conn.connection_mut()
+            .execute(sql::INBOX_WORK_SAVEPOINT)
+            .await?;
+        let record = match found {
+            Some(row) => Some(InboxRecord {
+                succeeded: row.try_get(0)?,
+                attempts: row.try_get(1)?,
+                last_error: row.try_get(2)?,
+                live: row.try_get(3)?,
+                payload_digest: row.try_get(4)?,
+            }),
+            None => None,
+        };
+        Ok(InboxClaim::Locked(conn, record))
+    }
+
+    async fn inbox_commit(
+        conn: &mut SqliteConn,
+        write: &InboxWrite<'_>,
+        attempts: i32,
+    ) -> Result<(), Error> {
+        statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
+            .bind(write.group)
+            .bind(write.message_id)
+            .bind(attempts)
+            .bind(write.payload_digest)
+            .bind(write.payload)
+            .bind(write.payload_key_id)
+            .bind(write.retention.as_secs_f64())
+            .execute(conn.connection_mut())
+            .await?;
+        conn.commit().await?;
+        Ok(())
+    }
+
+    async fn inbox_fail(
+        mut conn: SqliteConn,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        conn.connection_mut()
+            .execute(sql::INBOX_ROLLBACK_WORK)
+            .await?;
+        let rows = failure(write, error, conn.persistent())
+            .fetch_all(conn.connection_mut())
+            .await?;
+        conn.commit().await?;
+        Ok(rows.first().map(|row| row.try_get(0)).transpose()?)
+    }
+
+    /// One autocommit upsert (a single statement takes the write lock itself).
+    async fn inbox_record_failure(
+        &self,
+        write: &InboxWrite<'_>,
+        error: &str,
+    ) -> Result<Option<i32>, Error> {
+        let rows = failure(write, error, self.persistent)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.first().map(|row| row.try_get(0)).transpose()?)
+    }
+
+    async fn message_info(
+        &self,
+        group: &str,
+        message_id: &str,
+    ) -> Result<Option<MessageInfo>, Error> {
+        let query = self.query(sql::ADMIN_MESSAGE).bind(group).bind(message_id);
+        Ok(self.rows(query, rows::message_info).await?.pop())
+    }
+
+    async fn failed_messages(&self, group: &str, limit: i64) -> Result<Vec<MessageInfo>, Error> {
+        let query = self
+            .query(sql::ADMIN_FAILED_MESSAGES)
+            .bind(group)
+            .bind(limit);
+        self.rows(query, rows::message_info).await
+    }
+
+    async fn failed_page(
+        &self,
+        group: &str,
+        after: (i64, &str),
+        limit: i64,
+    ) -> Result<Vec<(MessageInfo, i64)>, Error> {
+        let query = self
+            .query(sql::ADMIN_FAILED_PAGE)
+            .bind(group)
+            .bind(after.0)
+            .bind(after.1)
+            .bind(limit);
+        self.rows(query, rows::failed_row).await
+    }
+
+    async fn failed_groups(&self, give_up: i32, limit: i64) -> Result<Vec<InboxFailures>, Error> {
+        let query = self
+            .query(sql::ADMIN_FAILED_GROUPS)
+            .bind(give_up)
+            .bind(limit);
+        self.rows(query, rows::inbox_failures).await
+    }
+
+    async fn inbox_reset(&self, group: &str, message_id: &str) -> Result<bool, Error> {
+        let done = self
+            .query(sql::ADMIN_RESET_INBOX)
+            .bind(group)
+            .bind(message_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+/// `sql::INBOX_RECORD_FAILURE` with its parameters bound.
+fn failure(
+    write: &InboxWrite<'_>,
+    error: &str,
+    persistent: bool,
+) -> Query<'static, Sqlite, SqliteArguments> {
+    statement(sql::INBOX_RECORD_FAILURE, persistent)
+        .bind(write.group)
+        .bind(write.message_id)
+        .bind(write.payload_digest)
+        .bind(write.payload)
+        .bind(write.payload_key_id)
+        .bind(error.to_owned())
+        .bind(write.retention.as_secs_f64())
+}

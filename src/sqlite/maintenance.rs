@@ -1,0 +1,113 @@
+//! Maintenance on SQLite: the sweeper's bounded autocommit batches (each `DELETE` or
+//! `UPDATE` holds the write lock for one batch only), the stale-lease scan, and the record
+//! look-ups of `Admin`.
+
+use ::sqlx::Row;
+
+use super::{SqliteStore, sql};
+use crate::engine::error::Error;
+use crate::engine::key::RecordId;
+use crate::engine::record::{Backlog, StoredRow, SweepBatch};
+use crate::engine::view::RecordInfo;
+use crate::store::{MaintenanceStore, rows};
+
+impl MaintenanceStore for SqliteStore {
+    async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
+        let query = match batch {
+            SweepBatch::PurgeRecords(r)
+            | SweepBatch::PurgeMessages(r)
+            | SweepBatch::PurgeOutbox(r) => {
+                let sql = match batch {
+                    SweepBatch::PurgeRecords(_) => sql::PURGE_RECORDS,
+                    SweepBatch::PurgeMessages(_) => sql::PURGE_MESSAGES,
+                    _ => sql::PURGE_OUTBOX,
+                };
+                let success = r.success_grace.as_secs_f64();
+                let failure = r.failure_retention.as_secs_f64();
+                self.query(sql)
+                    .bind(success)
+                    .bind(failure)
+                    .bind(success.min(failure))
+                    .bind(r.limit)
+            }
+            SweepBatch::MarkStaleFailed { after, limit } => self
+                .query(sql::MARK_STALE_FAILED)
+                .bind(after.as_secs_f64())
+                .bind(limit),
+        };
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+
+    async fn stale_summary(&self) -> Result<Backlog, Error> {
+        self.backlog(sql::STALE_SUMMARY).await
+    }
+
+    async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
+        self.rows(self.query(sql::STALE_IDS).bind(limit), |row| row.try_get(0))
+            .await
+    }
+
+    async fn record_info(&self, id: RecordId) -> Result<Option<RecordInfo>, Error> {
+        Ok(self
+            .rows(
+                self.query(sql::ADMIN_RECORD).bind(&id.as_bytes()[..]),
+                rows::record_info,
+            )
+            .await?
+            .pop())
+    }
+
+    async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
+        self.rows(self.query(sql::ADMIN_STALE).bind(limit), rows::record_info)
+            .await
+    }
+
+    async fn stale_page(
+        &self,
+        after: (i64, RecordId),
+        limit: i64,
+    ) -> Result<Vec<(RecordInfo, i64)>, Error> {
+        let query = self
+            .query(sql::ADMIN_STALE_PAGE)
+            .bind(after.0)
+            .bind(&after.1.as_bytes()[..])
+            .bind(limit);
+        self.rows(query, rows::stale_row).await
+    }
+
+    async fn record_response(&self, id: RecordId) -> Result<Option<StoredRow>, Error> {
+        let query = self
+            .query(sql::ADMIN_RECORD_RESPONSE)
+            .bind(&id.as_bytes()[..]);
+        Ok(self.rows(query, rows::stored_row).await?.pop())
+    }
+
+    async fn release_lease(&self, id: RecordId, token: i64) -> Result<bool, Error> {
+        let done = self
+            .query(sql::ADMIN_RELEASE_LEASE)
+            .bind(&id.as_bytes()[..])
+            .bind(token)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn delete_record(&self, id: RecordId, token: i64) -> Result<bool, Error> {
+        let done = self
+            .query(sql::ADMIN_DELETE_RECORD)
+            .bind(&id.as_bytes()[..])
+            .bind(token)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn record_counts(&self) -> Result<[i64; 3], Error> {
+        let query = self.query(sql::ADMIN_RECORD_COUNTS);
+        Ok(self
+            .rows(query, rows::record_counts)
+            .await?
+            .pop()
+            .unwrap_or_default())
+    }
+}

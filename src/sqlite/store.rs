@@ -1,0 +1,196 @@
+//! [`Store`] for SQLite: the claim (a look-up outside any transaction, then
+//! `BEGIN IMMEDIATE` and the look-up again under SQLite's write lock) and the completion
+//! (the record's insert, then `COMMIT`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::sqlx::sqlite::SqliteRow;
+use ::sqlx::{Row, SqliteConnection};
+
+use super::conn::{SqliteConn, begin_immediate, is_no_such_table, is_unique_violation, statement};
+use super::tx::SqliteTx;
+use super::{SqliteStore, sql};
+use crate::engine::error::Error;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::key::RecordId;
+use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
+use crate::engine::shared_tx::SharedTx;
+use crate::store::rows::impl_row;
+use crate::store::{Store, rows};
+
+impl_row!(SqliteRow, ::sqlx::Error);
+
+/// The columns of [`sql::LOOKUP`], `body_key_id` last.
+pub(super) fn record_row(row: &SqliteRow) -> Result<RecordRow, ::sqlx::Error> {
+    rows::record_row(row, 9)
+}
+
+impl Store for SqliteStore {
+    type Conn = SqliteConn;
+    type Handle = SqliteTx;
+    type Tx = SqliteConnection;
+
+    const DRIVER: &'static str = "sqlite";
+
+    fn set_prepared_statements(&mut self, enabled: bool) {
+        self.persistent = enabled;
+    }
+
+    async fn migrate(&self) -> Result<(), Error> {
+        super::migrate::run(&self.pool).await
+    }
+
+    async fn schema_version(&self) -> Result<i32, Error> {
+        match statement(sql::SCHEMA_VERSION, false)
+            .fetch_one(&self.pool)
+            .await
+        {
+            Ok(row) => Ok(row.try_get(0)?),
+            Err(e) if is_no_such_table(&e) => Ok(0),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The record's look-up outside any transaction (a replay, a 422 or a 409 for a leased
+    /// key needs nothing more; WAL readers never wait); a key another request of this
+    /// process holds is in flight at once (unless the layer waits); then, on the same
+    /// connection,
+    /// `BEGIN IMMEDIATE` — SQLite's write lock, so the key's too: it waits for a twin's
+    /// COMMIT, bounded by `wait` and the busy timeout — and the look-up again under it.
+    /// Three round trips to the connection's worker before the handler's first statement.
+    async fn claim(
+        &self,
+        id: RecordId,
+        fingerprint: Fingerprint,
+        wait: Option<Duration>,
+    ) -> Result<(Claim, SqliteConn), Error> {
+        let mut pooled = self.pool.acquire().await?;
+        let peeked = self
+            .query(sql::LOOKUP)
+            .bind(&id.as_bytes()[..])
+            .fetch_optional(&mut *pooled)
+            .await?;
+        let peeked = peeked.as_ref().map(record_row).transpose()?;
+        if let Some(claim) = Claim::from_peek(peeked) {
+            // Outside any transaction: the connection goes back to the pool as it is.
+            return Ok((claim, self.ended()));
+        }
+        if wait.is_none() && self.in_flight.holds(id) {
+            // A request of this process runs the key: in flight, at once.
+            return Ok((Claim::InFlight, self.ended()));
+        }
+        let Some(tx) = begin_immediate(pooled, wait).await? else {
+            // The holder did not commit within the wait: in flight.
+            return Ok((Claim::InFlight, self.ended()));
+        };
+        let mut conn = self.open(tx);
+        let found = self
+            .query(sql::LOOKUP)
+            .bind(&id.as_bytes()[..])
+            .fetch_optional(conn.connection_mut())
+            .await?;
+        let found = found.as_ref().map(record_row).transpose()?;
+        let claim = Claim::decide(true, found, fingerprint);
+        if matches!(claim, Claim::Run { .. }) {
+            conn.key = Some(self.in_flight.enter(id));
+        }
+        Ok((claim, conn))
+    }
+
+    async fn commit(
+        conn: &mut SqliteConn,
+        record: &NewRecord<'_>,
+        completion: Completion,
+    ) -> Result<(), CommitError> {
+        let failed = |e: ::sqlx::Error| CommitError::Failed(Error::Sqlx(e));
+        let persistent = conn.persistent;
+        if completion.discard_handler_writes.is_some() {
+            // Discard the handler's writes, then take the write lock again in a new
+            // transaction (waiting up to the busy timeout); if another request got in
+            // between, the insert below meets its record.
+            let handler_tx = conn.tx.take().expect("an open transaction");
+            handler_tx.rollback().await.map_err(failed)?;
+            conn.tx = Some(
+                conn.pool
+                    .begin_with(sql::BEGIN_IMMEDIATE)
+                    .await
+                    .map_err(failed)?,
+            );
+        }
+        let connection = conn.connection_mut();
+        if completion.replaces || completion.discard_handler_writes.is_some() {
+            statement(sql::DELETE_REPLACEABLE, persistent)
+                .bind(&record.id.as_bytes()[..])
+                .execute(&mut *connection)
+                .await
+                .map_err(failed)?;
+        }
+        let inserted = statement(sql::INSERT, persistent)
+            .bind(&record.id.as_bytes()[..])
+            .bind(record.scope)
+            .bind(record.raw_key)
+            .bind(&record.fingerprint.0[..])
+            .bind(i16::try_from(record.status.as_u16()).unwrap_or(i16::MAX))
+            .bind(&record.headers[..])
+            .bind(&*record.body.bytes)
+            .bind(record.body.key_id)
+            .bind(record.ttl.as_secs_f64())
+            .execute(&mut *connection)
+            .await;
+        let tx = conn.tx.take().expect("an open transaction");
+        // Committed or not, the key is no longer this process's to hold once this returns.
+        let _key = conn.key.take();
+        match inserted {
+            Err(e) if is_unique_violation(&e) => {
+                tx.rollback().await.map_err(failed)?;
+                return Err(CommitError::Conflict);
+            }
+            // Dropped unfinished, the transaction rolls back.
+            inserted => inserted.map_err(failed)?,
+        };
+        tx.commit().await.map_err(failed)
+    }
+
+    async fn begin(&self) -> Result<SqliteConn, Error> {
+        SqliteStore::begin(self).await
+    }
+
+    async fn commit_plain(conn: &mut SqliteConn) -> Result<(), Error> {
+        Ok(conn.commit().await?)
+    }
+
+    async fn rollback(mut conn: SqliteConn) {
+        if let Some(tx) = conn.tx.take() {
+            if let Err(error) = tx.rollback().await {
+                tracing::debug!(%error, "ROLLBACK failed");
+            }
+        }
+    }
+
+    async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
+        let row = self
+            .query(sql::LOOKUP)
+            .bind(&id.as_bytes()[..])
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(record_row).transpose()?)
+    }
+
+    fn handle(shared: &Arc<SharedTx<SqliteConn>>) -> Option<SqliteTx> {
+        let guard = shared.try_write_owned()?;
+        Some(SqliteTx::new(guard, shared.count_handle()))
+    }
+
+    fn handle_id(handle: &SqliteTx) -> RecordId {
+        handle.record_id()
+    }
+
+    fn tx(handle: &SqliteTx) -> &SqliteConnection {
+        handle.connection()
+    }
+
+    fn tx_mut(handle: &mut SqliteTx) -> &mut SqliteConnection {
+        handle.connection_mut()
+    }
+}
