@@ -226,6 +226,27 @@ pub struct MessageColumns {
     pub payload: Option<Vec<u8>>,
 }
 
+/// [`MessageColumns`] as a tuple, the way the sqlx fixtures read it.
+pub type MessageRow = (
+    String,
+    i32,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+);
+
+impl From<MessageRow> for MessageColumns {
+    fn from((status, attempts, last_error, payload_digest, payload): MessageRow) -> Self {
+        Self {
+            status,
+            attempts,
+            last_error,
+            payload_digest,
+            payload,
+        }
+    }
+}
+
 /// A driver over PostgreSQL, whose tests use [`TestDb`] and its PostgreSQL-only checks.
 pub trait PgDriver: Driver<Db = TestDb> {}
 

@@ -8,7 +8,9 @@ use axum_idempotency::mysql::MySqlStore;
 use axum_idempotency::{Error, IdempotentTx};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 
-use super::drivers::{Database, Driver, MessageColumns, RecordColumns, TestDatabase, TestStore};
+use super::drivers::{
+    Database, Driver, MessageColumns, MessageRow, RecordColumns, TestDatabase, TestStore,
+};
 use super::unique_name;
 
 /// The server's URL (no database): `MYSQL_URL`, e.g. `mysql://root@127.0.0.1:3306`.
@@ -168,13 +170,7 @@ impl TestDatabase for MySqlDb {
     }
 
     async fn message_record(&self, group: &str, message_id: &str) -> Option<MessageColumns> {
-        let row: Option<(
-            String,
-            i32,
-            Option<String>,
-            Option<Vec<u8>>,
-            Option<Vec<u8>>,
-        )> = sqlx::query_as(
+        let row: Option<MessageRow> = sqlx::query_as(
             "SELECT status, attempts, last_error, payload_digest, payload \
                  FROM inbox_messages WHERE consumer_group = ? AND message_id = ?",
         )
@@ -183,14 +179,7 @@ impl TestDatabase for MySqlDb {
         .fetch_optional(&self.admin)
         .await
         .unwrap();
-        let (status, attempts, last_error, payload_digest, payload) = row?;
-        Some(MessageColumns {
-            status,
-            attempts,
-            last_error,
-            payload_digest,
-            payload,
-        })
+        row.map(MessageColumns::from)
     }
 
     async fn expire_messages(&self) {

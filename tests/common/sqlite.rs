@@ -9,7 +9,9 @@ use axum_idempotency::{Error, IdempotentTx};
 use sqlx::Connection;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 
-use super::drivers::{Database, Driver, MessageColumns, RecordColumns, TestDatabase, TestStore};
+use super::drivers::{
+    Database, Driver, MessageColumns, MessageRow, RecordColumns, TestDatabase, TestStore,
+};
 use super::unique_name;
 
 /// The test handler's tables, as [`TEST_TABLES`](super::TEST_TABLES) on PostgreSQL: the
@@ -140,13 +142,7 @@ impl TestDatabase for SqliteDb {
     }
 
     async fn message_record(&self, group: &str, message_id: &str) -> Option<MessageColumns> {
-        let row: Option<(
-            String,
-            i32,
-            Option<String>,
-            Option<Vec<u8>>,
-            Option<Vec<u8>>,
-        )> = sqlx::query_as(
+        let row: Option<MessageRow> = sqlx::query_as(
             "SELECT status, attempts, last_error, payload_digest, payload \
                  FROM inbox_messages WHERE consumer_group = ? AND message_id = ?",
         )
@@ -155,14 +151,7 @@ impl TestDatabase for SqliteDb {
         .fetch_optional(&self.admin)
         .await
         .unwrap();
-        let (status, attempts, last_error, payload_digest, payload) = row?;
-        Some(MessageColumns {
-            status,
-            attempts,
-            last_error,
-            payload_digest,
-            payload,
-        })
+        row.map(MessageColumns::from)
     }
 
     async fn expire_messages(&self) {
