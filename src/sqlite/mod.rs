@@ -47,8 +47,10 @@
 //!   wait), which answers a replay, a 422, or a 409 for a live lease; otherwise
 //!   `BEGIN IMMEDIATE`, which is the key's lock (it waits for a twin's COMMIT), and the
 //!   record is looked up again under it. A twin never sees its holder's uncommitted
-//!   record, so it waits and then replays what the holder committed: the handler never
-//!   runs twice. With
+//!   record: a twin in the same process as its holder is answered 409 at once (the
+//!   process keeps the keys its requests hold, per database file), as on PostgreSQL; a twin
+//!   in another process on the same file waits for the write lock and then replays what
+//!   the holder committed. Either way the handler never runs twice. With
 //!   [`wait_for_in_flight(d)`](crate::IdempotencyLayer::wait_for_in_flight), the wait is
 //!   cut at `d` (at least 50 ms; or the busy timeout, whichever comes first) and the twin
 //!   answered 409; without it, the busy timeout is the bound (then 503). The lock is the

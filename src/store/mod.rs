@@ -35,8 +35,9 @@ use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord,
 use crate::engine::shared_tx::SharedTx;
 
 /// A database driver the crate's components run on: `PgStore` (feature `postgres`:
-/// tokio-postgres over deadpool, bb8 or any `ClientPool`) or `SqlxStore` (feature `sqlx`,
-/// over a `sqlx::PgPool`). This is the core, what the HTTP claim needs; the other
+/// tokio-postgres over deadpool, bb8 or any `ClientPool`), `SqlxStore` (feature `sqlx`,
+/// over a `sqlx::PgPool`), `MySqlStore` (feature `mysql`, over a `sqlx::MySqlPool`) or
+/// `SqliteStore` (feature `sqlite`, over a `sqlx::SqlitePool`). This is the core, what the HTTP claim needs; the other
 /// components ask for an ability on top of it.
 ///
 /// Sealed: its operations are the crate's business, and a new driver is added in the
@@ -136,6 +137,8 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
 /// | `bb8::Pool<bb8_postgres::PostgresConnectionManager<T>>` (feature `bb8`) | `PgStore` |
 /// | any `postgres::ClientPool`, through `PgStore::new` (feature `postgres`) | `PgStore` |
 /// | `sqlx::PgPool` (feature `sqlx`) | `SqlxStore` |
+/// | `sqlx::MySqlPool` (feature `mysql`) | `MySqlStore` |
+/// | `sqlx::SqlitePool` (feature `sqlite`) | `SqliteStore` |
 pub trait IntoStore {
     /// The store this pool becomes.
     type Store: Store;
