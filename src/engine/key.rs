@@ -223,6 +223,7 @@ impl RecordId {
     }
 
     /// The key of the transaction-scoped advisory lock that serialises requests for this record.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
     pub(crate) fn lock_key(self) -> i64 {
         let mut high = [0; 8];
         high.copy_from_slice(&self.0[..8]);

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::error::Chain;
 
 /// The channel the outbox table's trigger notifies (`migrations/`).
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
 pub(crate) const OUTBOX_CHANNEL: &str = "idempotency_outbox";
 const FIRST_RECONNECT_DELAY: Duration = Duration::from_millis(100);
 const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(10);
@@ -43,6 +44,7 @@ pub struct Listener {
 
 impl Listener {
     /// A listener whose sessions `session` runs.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
     pub(crate) fn from_session<F>(session: F) -> Self
     where
         F: Fn(Arc<Notify>) -> BoxFuture<'static, Result<(), SessionError>> + Send + Sync + 'static,

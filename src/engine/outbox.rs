@@ -242,6 +242,10 @@ impl fmt::Debug for Outgoing {
 
 /// The parameters of the barrier query for a locked batch (its ordering keys, and its
 /// seqs to leave out), or `None` when no message of it has a key.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "sqlx", feature = "mysql")),
+    allow(dead_code)
+)]
 pub(crate) fn barrier_params(rows: &[Outgoing]) -> Option<(Vec<&str>, Vec<i64>)> {
     let keys: Vec<&str> = rows
         .iter()

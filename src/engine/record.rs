@@ -182,6 +182,10 @@ pub struct Completion {
     /// most this long) in a new transaction, and store the response there.
     pub(crate) discard_handler_writes: Option<Duration>,
     /// A record for the id is still in the table and must be deleted first.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlx", feature = "sqlite")),
+        allow(dead_code)
+    )]
     pub(crate) replaces: bool,
 }
 
@@ -228,6 +232,10 @@ pub enum LeaseClaim {
 
 impl LeaseClaim {
     /// The decision when the upsert did not take the key: the record read beside it.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "sqlx", feature = "mysql")),
+        allow(dead_code)
+    )]
     pub(crate) fn not_acquired(found: Option<RecordRow>, fingerprint: Fingerprint) -> Self {
         match found.map(Existing::from) {
             Some(existing) if !existing.can_be_replaced_by(fingerprint) => Self::Existing(existing),

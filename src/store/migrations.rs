@@ -34,6 +34,7 @@ pub(crate) const SQLITE: &[Migration] = &[Migration {
 }];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
+#[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]
 pub(crate) const MIGRATION_LOCK: i64 = 0x6178_6964_656d_0001;
 
 /// The newest version this build knows (the same for every database).

@@ -18,6 +18,8 @@
 mod abilities;
 pub(crate) mod migrations;
 pub(crate) mod rows;
+// PostgreSQL's statement texts, shared by its two drivers.
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
 pub(crate) mod sql;
 mod tx;
 
