@@ -63,7 +63,8 @@ impl Held {
 /// Databases with row locks that another session can hold.
 trait RowLocks: Fixtures {
     /// From a session of its own, in a READ COMMITTED transaction (the crate's), locks the
-    /// record of the smallest id and the inbox record of the smallest message id.
+    /// record of the smallest id and the inbox record of the smallest key. (On InnoDB the
+    /// order must be the primary key's: a sort of the whole table locks every row it read.)
     fn lock_first_rows(&self) -> impl Future<Output = Held> + Send;
 }
 
@@ -158,7 +159,7 @@ impl RowLocks for TestDb {
             "SET search_path = {}; \
              BEGIN ISOLATION LEVEL READ COMMITTED; \
              SELECT 1 FROM idempotency_records ORDER BY id LIMIT 1 FOR UPDATE; \
-             SELECT 1 FROM inbox_messages ORDER BY message_id LIMIT 1 FOR UPDATE",
+             SELECT 1 FROM inbox_messages ORDER BY consumer_group, message_id LIMIT 1 FOR UPDATE",
             self.schema
         ))
         .await
@@ -276,7 +277,7 @@ impl RowLocks for common::mysql::MySqlDb {
         ::sqlx::raw_sql(
             "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
              SELECT 1 FROM idempotency_records ORDER BY id LIMIT 1 FOR UPDATE; \
-             SELECT 1 FROM inbox_messages ORDER BY message_id LIMIT 1 FOR UPDATE",
+             SELECT 1 FROM inbox_messages ORDER BY consumer_group, message_id LIMIT 1 FOR UPDATE",
         )
         .execute(&mut live)
         .await

@@ -1,7 +1,9 @@
 //! Maintenance on MySQL/MariaDB: the sweeper's bounded batches (each a short READ
 //! COMMITTED transaction — no gap locks blocking new records — that locks its batch with
-//! `FOR UPDATE SKIP LOCKED` and deletes or marks exactly those rows, its lock waits bounded
-//! to one second), the stale-lease scan, and the record look-ups of `Admin`.
+//! `FOR UPDATE SKIP LOCKED` and deletes or marks exactly those rows by their primary keys, its
+//! lock waits bounded to one second), the stale-lease scan, and the record look-ups of `Admin`.
+
+use std::fmt::Write as _;
 
 use ::sqlx::mysql::{MySql, MySqlArguments, MySqlRow};
 use ::sqlx::query::Query;
@@ -16,10 +18,10 @@ use crate::engine::record::{Backlog, StoredRow, SweepBatch};
 use crate::engine::view::RecordInfo;
 use crate::store::{MaintenanceStore, rows};
 
-/// Keys per `DELETE` (or `UPDATE`) of a sweep batch: a larger batch is settled in several
-/// statements of its one transaction, so the placeholders stay far below the protocol's
-/// 65 535.
-const KEYS_PER_STATEMENT: usize = 1000;
+/// Rows settled per round trip: a batch's statements are sent as one multi-statement text
+/// of at most this many, far below the server's `max_allowed_packet` even for the longest
+/// inbox keys.
+const ROWS_PER_ROUND_TRIP: usize = 256;
 
 /// The primary key of a sweep batch's table, as its locking `SELECT` returns it.
 #[derive(Clone, Copy)]
@@ -33,68 +35,52 @@ enum Key {
 }
 
 impl Key {
-    /// One key's placeholders in the `IN` list.
-    fn placeholder(self) -> &'static str {
+    /// Appends the equality on `row`'s key (`id = X'…'`): its values are the bytes and
+    /// numbers the batch's own `SELECT` returned, written as hexadecimal and integer
+    /// literals, so no text of anyone's reaches the statement.
+    fn push_condition(self, text: &mut String, row: &MySqlRow) -> Result<(), ::sqlx::Error> {
         match self {
-            Self::Message => "(?, ?)",
-            Self::RecordId | Self::Seq => "?",
+            Self::RecordId => {
+                text.push_str("id = ");
+                push_hex(text, &row.try_get::<Vec<u8>, _>(0)?);
+            }
+            Self::Message => {
+                text.push_str("consumer_group = ");
+                push_hex(text, &row.try_get::<Vec<u8>, _>(0)?);
+                text.push_str(" AND message_id = ");
+                push_hex(text, &row.try_get::<Vec<u8>, _>(1)?);
+            }
+            Self::Seq => {
+                let _ = write!(text, "seq = {}", row.try_get::<i64, _>(0)?);
+            }
         }
-    }
-
-    /// Binds the key of `row`.
-    fn bind<'q>(
-        self,
-        query: Query<'q, MySql, MySqlArguments>,
-        row: &MySqlRow,
-    ) -> Result<Query<'q, MySql, MySqlArguments>, ::sqlx::Error> {
-        Ok(match self {
-            Self::RecordId => query.bind(row.try_get::<Vec<u8>, _>(0)?),
-            Self::Message => query
-                .bind(row.try_get::<Vec<u8>, _>(0)?)
-                .bind(row.try_get::<Vec<u8>, _>(1)?),
-            Self::Seq => query.bind(row.try_get::<i64, _>(0)?),
-        })
-    }
-
-    /// Binds a key that matches no row (NULL), padding a statement to its fixed width.
-    fn bind_none(
-        self,
-        query: Query<'_, MySql, MySqlArguments>,
-    ) -> Query<'_, MySql, MySqlArguments> {
-        match self {
-            Self::RecordId => query.bind(None::<Vec<u8>>),
-            Self::Message => query.bind(None::<Vec<u8>>).bind(None::<Vec<u8>>),
-            Self::Seq => query.bind(None::<i64>),
-        }
+        Ok(())
     }
 }
 
-/// `prefix` (ending in `IN (`) completed with `width` keys' placeholders and `)`.
-fn settle_text(prefix: &str, key: Key, width: usize) -> String {
-    let mut text = String::with_capacity(prefix.len() + width * (key.placeholder().len() + 2));
-    text.push_str(prefix);
-    for i in 0..width {
-        if i > 0 {
-            text.push_str(", ");
-        }
-        text.push_str(key.placeholder());
+/// Appends `bytes` as a hexadecimal string literal, `X'…'` (valid for no bytes too).
+fn push_hex(text: &mut String, bytes: &[u8]) {
+    text.push_str("X'");
+    for byte in bytes {
+        let _ = write!(text, "{byte:02X}");
     }
-    text.push(')');
-    text
+    text.push('\'');
 }
 
 impl MySqlStore {
     /// One sweep batch, in a short READ COMMITTED transaction of its own (lock waits bounded
     /// to 1 s): `select` locks the batch's keys (`FOR UPDATE SKIP LOCKED`, so it never waits
-    /// for a row a live request holds), the `settle` statement (`prefix` of `IN (`) deletes
-    /// or marks exactly those rows, and `COMMIT`; the rows affected. An empty batch ends
-    /// its transaction after the `SELECT`. The `IN` list always has the batch's full width
-    /// (at most [`KEYS_PER_STATEMENT`]), padded with NULLs, so each batch kind prepares one
-    /// statement per connection however many rows it found.
+    /// for a row a live request holds), one statement per key (`prefix`, ending in `WHERE `,
+    /// and the key's equality) deletes or marks exactly those rows, and `COMMIT`; the rows
+    /// affected. An empty batch ends its transaction after the `SELECT`.
+    ///
+    /// One statement per key, never `WHERE id IN (…)`: when the list covers most of what is
+    /// left of a table, InnoDB plans a table scan, which locks each row it reads, so it
+    /// waits for the very rows live traffic holds and the `SELECT` skipped (and two sweepers
+    /// deadlock). An equality on the primary key reads, and locks, its one row.
     async fn sweep_locked(
         &self,
         select: Query<'static, MySql, MySqlArguments>,
-        limit: i64,
         key: Key,
         prefix: &str,
     ) -> Result<u64, Error> {
@@ -104,20 +90,18 @@ impl MySqlStore {
             conn.reset().await;
             return Ok(0);
         }
-        let width = usize::try_from(limit)
-            .unwrap_or(usize::MAX)
-            .clamp(1, KEYS_PER_STATEMENT);
-        let text: std::sync::Arc<str> = settle_text(prefix, key, width).into();
         let mut affected = 0;
-        for chunk in keys.chunks(width) {
-            let mut query = ::sqlx::query(AssertSqlSafe(text.clone())).persistent(self.persistent);
+        for chunk in keys.chunks(ROWS_PER_ROUND_TRIP) {
+            let mut text = String::new();
             for row in chunk {
-                query = key.bind(query, row)?;
+                text.push_str(prefix);
+                key.push_condition(&mut text, row)?;
+                text.push_str(";\n");
             }
-            for _ in chunk.len()..width {
-                query = key.bind_none(query);
-            }
-            affected += query.execute(conn.connection_mut()).await?.rows_affected();
+            affected += ::sqlx::raw_sql(AssertSqlSafe(text))
+                .execute(conn.connection_mut())
+                .await?
+                .rows_affected();
         }
         conn.finish(true).await?;
         Ok(affected)
@@ -132,12 +116,12 @@ impl MaintenanceStore for MySqlStore {
             | SweepBatch::PurgeOutbox(r) => {
                 let (select, key, prefix) = match batch {
                     SweepBatch::PurgeRecords(_) => {
-                        (sql::PURGE_RECORDS, Key::RecordId, sql::PURGE_RECORDS_IN)
+                        (sql::PURGE_RECORDS, Key::RecordId, sql::PURGE_RECORDS_ONE)
                     }
                     SweepBatch::PurgeMessages(_) => {
-                        (sql::PURGE_MESSAGES, Key::Message, sql::PURGE_MESSAGES_IN)
+                        (sql::PURGE_MESSAGES, Key::Message, sql::PURGE_MESSAGES_ONE)
                     }
-                    _ => (sql::PURGE_OUTBOX, Key::Seq, sql::PURGE_OUTBOX_IN),
+                    _ => (sql::PURGE_OUTBOX, Key::Seq, sql::PURGE_OUTBOX_ONE),
                 };
                 let success = micros(r.success_grace);
                 let failure = micros(r.failure_retention);
@@ -147,14 +131,14 @@ impl MaintenanceStore for MySqlStore {
                     .bind(success)
                     .bind(failure)
                     .bind(r.limit);
-                self.sweep_locked(select, r.limit, key, prefix).await
+                self.sweep_locked(select, key, prefix).await
             }
             SweepBatch::MarkStaleFailed { after, limit } => {
                 let select = self
                     .query(sql::MARK_STALE_FAILED)
                     .bind(micros(after))
                     .bind(limit);
-                self.sweep_locked(select, limit, Key::RecordId, sql::MARK_STALE_FAILED_IN)
+                self.sweep_locked(select, Key::RecordId, sql::MARK_STALE_FAILED_ONE)
                     .await
             }
         }

@@ -213,7 +213,7 @@ pub(super) const INBOX_ATTEMPTS: &str =
 // The sweeper's batches. Each is a short READ COMMITTED transaction of its own: the
 // locking `SELECT` of a batch's keys below skips the rows a live request (or another
 // sweeper) holds — InnoDB's `DELETE` and `UPDATE` cannot skip a locked row, and MySQL has
-// no `LIMIT` in an `IN` subquery — then the `..._IN` statement, completed with one `?` (or
+// no `LIMIT` in an `IN` subquery — then the `..._ONE` statement, completed with one `?` (or
 // `(?, ?)`) per key and `)`, deletes (or marks) exactly those rows, and `COMMIT`.
 
 /// The keys of expired records past their state's retention, oldest first, a bounded
@@ -227,8 +227,8 @@ pub(super) const PURGE_RECORDS: &str = "SELECT id FROM idempotency_records \
                AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
           END \
     ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
-/// Deletes the records [`PURGE_RECORDS`] locked. `?` each id.
-pub(super) const PURGE_RECORDS_IN: &str = "DELETE FROM idempotency_records WHERE id IN (";
+/// Deletes one record [`PURGE_RECORDS`] locked, followed by its key's equality.
+pub(super) const PURGE_RECORDS_ONE: &str = "DELETE FROM idempotency_records WHERE ";
 /// The keys of expired inbox records, with the parameters of [`PURGE_RECORDS`].
 pub(super) const PURGE_MESSAGES: &str = "SELECT consumer_group, message_id FROM inbox_messages \
     WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
@@ -238,9 +238,8 @@ pub(super) const PURGE_MESSAGES: &str = "SELECT consumer_group, message_id FROM 
           ELSE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
           END \
     ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
-/// Deletes the inbox records [`PURGE_MESSAGES`] locked. `(?, ?)` each group, message id.
-pub(super) const PURGE_MESSAGES_IN: &str =
-    "DELETE FROM inbox_messages WHERE (consumer_group, message_id) IN (";
+/// Deletes one inbox record [`PURGE_MESSAGES`] locked, followed by its key's equality.
+pub(super) const PURGE_MESSAGES_ONE: &str = "DELETE FROM inbox_messages WHERE ";
 /// The keys of settled outbox rows past their retention, with the parameters of
 /// [`PURGE_RECORDS`].
 pub(super) const PURGE_OUTBOX: &str = "SELECT seq FROM idempotency_outbox \
@@ -251,8 +250,8 @@ pub(super) const PURGE_OUTBOX: &str = "SELECT seq FROM idempotency_outbox \
           ELSE created_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
           END \
     ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED";
-/// Deletes the outbox rows [`PURGE_OUTBOX`] locked. `?` each seq.
-pub(super) const PURGE_OUTBOX_IN: &str = "DELETE FROM idempotency_outbox WHERE seq IN (";
+/// Deletes one outbox row [`PURGE_OUTBOX`] locked, followed by its key's equality.
+pub(super) const PURGE_OUTBOX_ONE: &str = "DELETE FROM idempotency_outbox WHERE ";
 /// PROCESSING records past their lease and the seconds since the oldest lease ended.
 pub(super) const STALE_SUMMARY: &str = "SELECT CAST(COUNT(*) AS SIGNED), \
     CAST(TIMESTAMPDIFF(MICROSECOND, MIN(locked_until), UTC_TIMESTAMP(6)) / 1e6 AS DOUBLE) \
@@ -266,10 +265,11 @@ pub(super) const STALE_IDS: &str = "SELECT id FROM idempotency_records \
 pub(super) const MARK_STALE_FAILED: &str = "SELECT id FROM idempotency_records \
     WHERE state = 'PROCESSING' AND locked_until < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
     ORDER BY locked_until LIMIT ? FOR UPDATE SKIP LOCKED";
-/// The records [`MARK_STALE_FAILED`] locked become FAILED and retryable. `?` each id.
-pub(super) const MARK_STALE_FAILED_IN: &str = "UPDATE idempotency_records \
+/// One record [`MARK_STALE_FAILED`] locked becomes FAILED and retryable, followed by its
+/// key's equality (the lock keeps it PROCESSING until then).
+pub(super) const MARK_STALE_FAILED_ONE: &str = "UPDATE idempotency_records \
     SET state = 'FAILED', retryable = TRUE, locked_until = NULL, updated_at = UTC_TIMESTAMP(6) \
-    WHERE state = 'PROCESSING' AND id IN (";
+    WHERE ";
 
 /// The row lock of an ordering key, taken before its message's insert, so producers of
 /// one key commit in the order their rows are numbered. `?` ordering key.

@@ -227,8 +227,23 @@ impl Drop for MySqlDb {
                 if let Ok(mut conn) =
                     <sqlx::MySqlConnection as sqlx::Connection>::connect_with(&server).await
                 {
+                    // A session the test left open (a panic mid-transaction) would hold
+                    // the drop's metadata lock for ever: end every other session first.
+                    let others: Vec<i64> = sqlx::query_scalar(
+                        "SELECT CAST(ID AS SIGNED) FROM information_schema.PROCESSLIST \
+                         WHERE DB = ? AND ID <> CONNECTION_ID()",
+                    )
+                    .bind(&name)
+                    .fetch_all(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                    for id in others {
+                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("KILL CONNECTION {id}")))
+                            .execute(&mut conn)
+                            .await;
+                    }
                     let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                        "DROP DATABASE IF EXISTS {name}"
+                        "SET SESSION lock_wait_timeout = 10; DROP DATABASE IF EXISTS {name}"
                     )))
                     .execute(&mut conn)
                     .await;
