@@ -68,8 +68,11 @@
 //! read sees what a twin committed, and the sweeper's batches take no gap locks that
 //! would block new records. InnoDB's `DELETE` and `UPDATE` cannot skip a locked row, so
 //! each sweep batch is a short transaction of its own: a `SELECT ... FOR UPDATE SKIP
-//! LOCKED` of the batch's keys (never waiting for a row a live request holds), the
-//! `DELETE` (or `UPDATE`) of exactly those keys, and `COMMIT`. MariaDB 11.6 turns on
+//! LOCKED` of the batch's keys (never waiting for a row a live request holds), one
+//! `DELETE` (or `UPDATE`) per key by its primary key, sent together, and `COMMIT`. (An
+//! `IN` list of the keys would do when the table is large, but when it covers most of
+//! what is left InnoDB plans a table scan, which locks, and so waits for, the very rows
+//! the `SELECT` skipped.) MariaDB 11.6 turns on
 //! `innodb_snapshot_isolation`, which adds error 1020 ("Record has changed since last
 //! read") under REPEATABLE READ; it does not apply to READ COMMITTED, and
 //! [`Error::is_transient`](crate::Error::is_transient) treats 1020 as transient should a
