@@ -13,7 +13,7 @@ use super::MySqlStore;
 use super::conn::micros;
 use super::sql;
 use crate::engine::error::Error;
-use crate::engine::key::RecordId;
+use crate::engine::key::{RecordId, hex};
 use crate::engine::record::{Backlog, StoredRow, SweepBatch};
 use crate::engine::view::RecordInfo;
 use crate::store::{MaintenanceStore, rows};
@@ -61,9 +61,7 @@ impl Key {
 /// Appends `bytes` as a hexadecimal string literal, `X'…'` (valid for no bytes too).
 fn push_hex(text: &mut String, bytes: &[u8]) {
     text.push_str("X'");
-    for byte in bytes {
-        let _ = write!(text, "{byte:02X}");
-    }
+    text.push_str(&hex(bytes));
     text.push('\'');
 }
 

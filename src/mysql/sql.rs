@@ -213,8 +213,9 @@ pub(super) const INBOX_ATTEMPTS: &str =
 // The sweeper's batches. Each is a short READ COMMITTED transaction of its own: the
 // locking `SELECT` of a batch's keys below skips the rows a live request (or another
 // sweeper) holds — InnoDB's `DELETE` and `UPDATE` cannot skip a locked row, and MySQL has
-// no `LIMIT` in an `IN` subquery — then the `..._ONE` statement, completed with one `?` (or
-// `(?, ?)`) per key and `)`, deletes (or marks) exactly those rows, and `COMMIT`.
+// no `LIMIT` in an `IN` subquery — then one `..._ONE` statement per key, completed with
+// that key's equality on the primary key, deletes (or marks) exactly those rows, and
+// `COMMIT`.
 
 /// The keys of expired records past their state's retention, oldest first, a bounded
 /// batch, skipping locked rows. `?` the smaller retention, success grace, failure
