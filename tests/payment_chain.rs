@@ -3,7 +3,9 @@
 //! through its Inbox. Clients retry and pay twice, both processes are killed mid-run, and
 //! every paid order still ends with exactly one coupon.
 //!
-//! Needs RabbitMQ at `AMQP_URL`; without one it says so and passes, except under CI.
+//! Runs with both services on PostgreSQL (`DATABASE_URL`) and on MySQL/MariaDB (`MYSQL_URL`,
+//! feature `mysql`), each when its URL is set. Needs RabbitMQ at `AMQP_URL`; without one it
+//! says so and passes, except under CI.
 
 #![cfg(feature = "rabbitmq")]
 
@@ -71,9 +73,68 @@ fn pay(user: i64, order_no: &str, key: &str) -> String {
     )
 }
 
-async fn start_consumer(db: &TestDb, queue: &str) -> tokio::process::Child {
+/// The database both services share, and the checks the test runs on it.
+enum ChainDb {
+    Postgres(TestDb),
+    #[cfg(feature = "mysql")]
+    MySql(common::mysql::MySqlDb),
+}
+
+impl ChainDb {
+    /// The `DATABASE_URL` both services get.
+    fn url(&self) -> String {
+        match self {
+            Self::Postgres(db) => schema_url(&db.schema),
+            #[cfg(feature = "mysql")]
+            Self::MySql(db) => format!("{}/{}", common::mysql::mysql_url(), db.name),
+        }
+    }
+
+    /// The first column of the first row of `sql`, a count; `{s}` is the schema or database.
+    async fn count(&self, sql: &str) -> i64 {
+        match self {
+            Self::Postgres(db) => db
+                .admin
+                .query_one(&sql.replace("{s}", &db.schema), &[])
+                .await
+                .unwrap()
+                .get(0),
+            #[cfg(feature = "mysql")]
+            Self::MySql(db) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.replace("{s}", &db.name)))
+                    .fetch_one(&db.admin)
+                    .await
+                    .unwrap()
+            }
+        }
+    }
+
+    /// Every order's user, status and number of coupons.
+    async fn orders_and_coupons(&self) -> Vec<(i64, String, i64)> {
+        let sql = "SELECT o.user_id, o.status, count(c.id) FROM {s}.orders o \
+                   LEFT JOIN {s}.coupon_account c ON c.user_id = o.user_id \
+                   GROUP BY o.user_id, o.status";
+        match self {
+            Self::Postgres(db) => db
+                .admin
+                .query(&sql.replace("{s}", &db.schema), &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| (row.get(0), row.get(1), row.get(2)))
+                .collect(),
+            #[cfg(feature = "mysql")]
+            Self::MySql(db) => sqlx::query_as(sqlx::AssertSqlSafe(sql.replace("{s}", &db.name)))
+                .fetch_all(&db.admin)
+                .await
+                .unwrap(),
+        }
+    }
+}
+
+async fn start_consumer(db: &ChainDb, queue: &str) -> tokio::process::Child {
     let mut child = tokio::process::Command::new(example_binary("coupon_consumer"))
-        .env("DATABASE_URL", schema_url(&db.schema))
+        .env("DATABASE_URL", db.url())
         .env("AMQP_URL", amqp_url())
         .env("QUEUE", queue)
         .stdout(std::process::Stdio::piped())
@@ -102,21 +163,38 @@ async fn sigkill(child: &mut tokio::process::Child) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_paid_order_gets_one_coupon_through_kills_and_duplicates() {
-    if !common::Database::Postgres.configured() {
+    if !common::Database::Postgres.configured() || !rabbitmq_up().await {
         return;
     }
+    payment_chain(ChainDb::Postgres(TestDb::bare(1).await)).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_paid_order_gets_one_coupon_through_kills_and_duplicates_on_mysql() {
+    if !common::Database::MySql.configured() || !rabbitmq_up().await {
+        return;
+    }
+    payment_chain(ChainDb::MySql(common::mysql::MySqlDb::bare(1).await)).await;
+}
+
+/// Whether RabbitMQ answers at `AMQP_URL`; under CI it must.
+async fn rabbitmq_up() -> bool {
     if lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
         .await
         .is_err()
     {
         assert!(std::env::var_os("CI").is_none(), "no RabbitMQ at AMQP_URL");
         eprintln!("skipped: no RabbitMQ at {}", amqp_url());
-        return;
+        return false;
     }
-    let db = TestDb::bare(1).await;
+    true
+}
+
+async fn payment_chain(db: ChainDb) {
     let queue = unique_name("payment-succeeded");
     let orders_env = [
-        ("DATABASE_URL", schema_url(&db.schema)),
+        ("DATABASE_URL", db.url()),
         ("AMQP_URL", amqp_url()),
         ("PAYMENTS_QUEUE", queue.clone()),
     ];
@@ -199,14 +277,7 @@ async fn every_paid_order_gets_one_coupon_through_kills_and_duplicates() {
     assert!(unfinished > 0, "the clients finished before the last kill");
     assert_eq!(paid_users.len() as i64, PAID);
 
-    let count_coupons = format!("SELECT count(*) FROM {}.coupon_account", db.schema);
-    let coupons = async || -> i64 {
-        db.admin
-            .query_one(&count_coupons, &[])
-            .await
-            .unwrap()
-            .get(0)
-    };
+    let coupons = async || db.count("SELECT count(*) FROM {s}.coupon_account").await;
     let mut last = 0;
     for _ in 0..600 {
         last = coupons().await;
@@ -219,22 +290,9 @@ async fn every_paid_order_gets_one_coupon_through_kills_and_duplicates() {
     // Let any straggler (a message published twice) arrive, then check again.
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    let per_user = db
-        .admin
-        .query(
-            &format!(
-                "SELECT o.user_id, o.status, count(c.id) FROM {s}.orders o \
-                 LEFT JOIN {s}.coupon_account c ON c.user_id = o.user_id \
-                 GROUP BY o.user_id, o.status",
-                s = db.schema
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
+    let per_user = db.orders_and_coupons().await;
     assert_eq!(per_user.len() as i64, ORDERS, "one order per user");
-    for row in &per_user {
-        let (user, status, coupons): (i64, String, i64) = (row.get(0), row.get(1), row.get(2));
+    for (user, status, coupons) in per_user {
         let expected = if paid_users.contains(&user) { 1 } else { 0 };
         assert_eq!(
             (status.as_str(), coupons),
@@ -242,13 +300,11 @@ async fn every_paid_order_gets_one_coupon_through_kills_and_duplicates() {
             "user {user}"
         );
     }
-    let unsent = format!(
-        "SELECT count(*) FROM {}.idempotency_outbox WHERE state <> 'SENT'",
-        db.schema
-    );
     let mut pending: i64 = -1;
     for _ in 0..100 {
-        pending = db.admin.query_one(&unsent, &[]).await.unwrap().get(0);
+        pending = db
+            .count("SELECT count(*) FROM {s}.idempotency_outbox WHERE state <> 'SENT'")
+            .await;
         if pending == 0 {
             break;
         }

@@ -636,3 +636,111 @@ async fn inbox_admin_and_sweeper_run_on_sqlite() {
     assert_eq!(report.purged_records, 1);
     assert_eq!(report.purged_messages, 3);
 }
+
+/// When set, the test below runs as the writer it kills: the path of the database file.
+const KILLED_WRITER: &str = "AXUM_IDEMPOTENCY_KILLED_WRITER";
+
+/// The child's side: a request whose handler writes several MiB (more than SQLite's page
+/// cache, so uncommitted pages spill into the WAL file) and an outbox message, says so,
+/// and holds its transaction open until the parent SIGKILLs the process.
+async fn write_until_killed(path: PathBuf) {
+    let pool = pool_with(SqliteStore::connect_options(&path), 2);
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(|mut tx: IdempotentTx| async move {
+                let pad = "x".repeat(4096);
+                for amount in 0..2000 {
+                    sqlx::query("INSERT INTO orders (amount, pad) VALUES (?, ?)")
+                        .bind(amount)
+                        .bind(&pad)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.enqueue(&OutboxMessage::new("orders", "order").id("m-killed"))
+                    .await?;
+                println!("holding the write transaction");
+                std::future::pending::<()>().await;
+                Ok::<_, Error>(StatusCode::CREATED)
+            }),
+        )
+        .layer(IdempotencyLayer::new(pool));
+    send(&app, request("/orders", "killed", json!({}))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_mid_transaction_leaves_nothing_and_the_retry_runs_once() {
+    use tokio::io::AsyncBufReadExt;
+
+    if let Some(path) = std::env::var_os(KILLED_WRITER) {
+        return write_until_killed(path.into()).await;
+    }
+    let db = TempDb::new("killed-writer");
+    let pool = db.pool(2);
+    axum_idempotency::migrate(&pool).await.unwrap();
+    sqlx::raw_sql("CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, amount INTEGER NOT NULL, pad TEXT)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_writer_killed_mid_transaction_leaves_nothing_and_the_retry_runs_once",
+            "--nocapture",
+        ])
+        .env(KILLED_WRITER, &db.path)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("holding the write transaction") {
+                return;
+            }
+        }
+        panic!("the writer exited before holding its transaction");
+    })
+    .await
+    .expect("the writer did not start its transaction in 60 s");
+    let wal = std::fs::metadata(format!("{}-wal", db.path.display())).map_or(0, |m| m.len());
+    assert!(
+        wal > 1 << 20,
+        "the writer's uncommitted pages reached the WAL ({wal} bytes)"
+    );
+    child.start_kill().unwrap(); // SIGKILL: no rollback, no close
+    child.wait().await.unwrap();
+
+    // Nothing of the killed request is visible, and its write lock died with it.
+    let pool = db.pool(2);
+    assert_write_lock_free(&db.path).await;
+    for table in ["orders", "idempotency_records", "idempotency_outbox"] {
+        let rows: i64 =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(rows, 0, "{table} after the kill");
+    }
+    let integrity: String = sqlx::query_scalar("PRAGMA integrity_check")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(integrity, "ok");
+
+    // The retry runs once, and its answer is what a second retry gets.
+    let seen = Arc::new(Seen::default());
+    let app = app(pool.clone(), seen.clone(), |l| l);
+    let (status, _, first) = send(&app, request("/orders", "killed", json!({ "amount": 7 }))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, again) =
+        send(&app, request("/orders", "killed", json!({ "amount": 7 }))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(first, again);
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(count(&pool, "SELECT count(*) FROM orders").await, 1);
+}
