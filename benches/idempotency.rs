@@ -13,6 +13,7 @@
 //! cargo bench --bench idempotency --all-features -- --seconds 8        # each run 8 s long
 //! cargo bench --bench idempotency --all-features -- --concurrency 16   # default 1,16,64
 //! cargo bench --bench idempotency --all-features -- --scale 10000000 --lever brin  # a table change first
+//! cargo bench --bench idempotency --all-features -- --network-delay-us 500  # a 1 ms network
 //! MYSQL_URL=mysql://root@127.0.0.1:3306 cargo bench --bench idempotency --all-features  # + MySQL
 //! cargo bench --bench idempotency --all-features -- --only sqlite-new,sqlite-replay  # SQLite's
 //! ```
@@ -22,6 +23,11 @@
 //! the round with the median ratio is printed, so the figures survive a noisy machine.
 //! Beside each row, the same statements run without HTTP (the `ceiling` module): what the
 //! database alone allows for that path, and the share of it the whole path reaches.
+//!
+//! With `--network-delay-us N`, every PostgreSQL connection (the servers', the ceiling's)
+//! passes a proxy that delays each direction by N µs (`support::delay_proxy`), and the
+//! bench prints the `SELECT 1` round trip with and without it and the proxy's CPU; MySQL and
+//! SQLite are left out of that run.
 //!
 //! MySQL/MariaDB and SQLite each get a table of their own after PostgreSQL's: their
 //! `bare`, `new` and `replay` (`mysql-*`, `sqlite-*`), every round printed, each round's
@@ -873,6 +879,8 @@ struct Options {
     /// A change to the record table tried before the runs (`brin`: the expiry index as
     /// BRIN; `no-expiry-index`: none; `fillfactor`: 90).
     lever: Option<String>,
+    /// Every PostgreSQL connection through a proxy delaying each direction this long.
+    network_delay: Option<Duration>,
 }
 
 /// The argument after `flag`, if the flag was given.
@@ -903,12 +911,30 @@ fn options() -> Options {
         rounds: number("--rounds").map_or(if quick { 1 } else { 3 }, |n| n.max(1) as usize),
         seconds: number("--seconds"),
         lever: flag_value(&args, "--lever").map(str::to_owned),
+        network_delay: number("--network-delay-us").map(Duration::from_micros),
         concurrency: flag_value(&args, "--concurrency").map(|list| {
             list.split(',')
                 .map(|n| n.parse().expect("--concurrency takes numbers"))
                 .collect()
         }),
     }
+}
+
+/// The median round trip of `SELECT 1` on one connection to `url`.
+async fn select_1_round_trip(url: &str) -> Duration {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect to DATABASE_URL");
+    tokio::spawn(connection);
+    let statement = client.prepare("SELECT 1").await.unwrap();
+    let mut times = Vec::with_capacity(500);
+    for _ in 0..500 {
+        let started = Instant::now();
+        client.query_one(&statement, &[]).await.unwrap();
+        times.push(started.elapsed());
+    }
+    times.sort();
+    times[times.len() / 2]
 }
 
 async fn table_sizes(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64, i64) {
@@ -929,6 +955,18 @@ async fn table_sizes(admin: &tokio_postgres::Client, schema: &str) -> (i64, i64,
 async fn main() {
     let options = options();
     let schema = format!("bench_{}", std::process::id());
+    if let Some(delay) = options.network_delay {
+        let direct = select_1_round_trip(&support::direct_database_url()).await;
+        support::through_delay_proxy(delay);
+        let proxied = select_1_round_trip(&support::database_url()).await;
+        println!(
+            "network: every PostgreSQL connection through a proxy delaying each direction \
+             {} µs; `SELECT 1` round trip (median of 500): {} ms direct, {} ms through the proxy",
+            delay.as_micros(),
+            ms(direct),
+            ms(proxied)
+        );
+    }
     let (pool, admin) = setup(&schema).await;
     if let Some(lever) = &options.lever {
         let change = match lever.as_str() {
@@ -957,7 +995,12 @@ async fn main() {
     .await;
     let redis = redis_server(&pool).await;
     let sqlx = sqlx_server(&schema).await;
-    let (others, mysql, sqlite) = other_databases(&options).await;
+    // The network mode measures PostgreSQL only.
+    let (others, mysql, sqlite) = if options.network_delay.is_some() {
+        (Vec::new(), None, None)
+    } else {
+        other_databases(&options).await
+    };
     let servers = Servers {
         plain,
         cached,
@@ -1022,12 +1065,20 @@ async fn main() {
         // ratios within each round; its requests/s, p50 and p99 are those of its median
         // round by requests/s.
         let mut rounds = Vec::with_capacity(options.rounds);
+        let (proxy_cpu, started) = (support::delay_proxy::cpu_seconds(), Instant::now());
         for _ in 0..options.rounds {
             let mut round = Vec::with_capacity(variants.len());
             for &variant in &variants {
                 round.push(run(variant, servers, concurrency, load).await);
             }
             rounds.push(round);
+        }
+        if options.network_delay.is_some() {
+            eprintln!(
+                "c={concurrency}: the delay proxy used {:.0} % of one core during the rounds",
+                100.0 * (support::delay_proxy::cpu_seconds() - proxy_cpu)
+                    / started.elapsed().as_secs_f64()
+            );
         }
         let median = |mut values: Vec<f64>| {
             values.sort_by(f64::total_cmp);

@@ -3,9 +3,13 @@
 //! database-alone runs send. Each benchmark uses part of it.
 #![allow(dead_code)]
 
+use std::sync::OnceLock;
+
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
+
+pub(crate) mod delay_proxy;
 
 pub(crate) const INSERT_ORDER: &str =
     "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id";
@@ -112,9 +116,39 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The PostgreSQL URL every connection of the benchmark uses: `DATABASE_URL`, or, once
+/// [`through_delay_proxy`] ran, the same through the proxy.
 pub(crate) fn database_url() -> String {
+    PROXIED_URL
+        .get()
+        .cloned()
+        .unwrap_or_else(direct_database_url)
+}
+
+/// `DATABASE_URL` as given (default `postgres://postgres@127.0.0.1:5432/postgres`).
+pub(crate) fn direct_database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+static PROXIED_URL: OnceLock<String> = OnceLock::new();
+
+/// Puts a [`delay_proxy`] delaying each direction by `delay` between the benchmark and
+/// PostgreSQL: from now on [`database_url`] names the proxy. The URL's host must be an IP
+/// address with its port (`postgres://user@127.0.0.1:5432/db`).
+pub(crate) fn through_delay_proxy(delay: std::time::Duration) {
+    let url = direct_database_url();
+    let (scheme, rest) = url.split_once("://").expect("DATABASE_URL is a URL");
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let upstream: std::net::SocketAddr = host_port.parse().unwrap_or_else(|_| {
+        panic!("--network-delay-us needs DATABASE_URL's host as ip:port, not {host_port}")
+    });
+    let proxy = delay_proxy::start(upstream, delay);
+    let rest = rest.replacen(host_port, &proxy.to_string(), 1);
+    PROXIED_URL
+        .set(format!("{scheme}://{rest}"))
+        .expect("one proxy per process");
 }
 
 /// A fresh schema at `DATABASE_URL`, the crate migrated into it and an `orders` table: a
