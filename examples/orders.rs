@@ -73,6 +73,8 @@ mod openapi;
 mod orders_db;
 #[path = "support/relay.rs"]
 mod relay;
+#[path = "support/user.rs"]
+mod user;
 
 use orders_db::{Order, OrdersDb};
 
@@ -202,6 +204,8 @@ fn app<D: OrdersDb>(
         .route("/orders/{order_no}", get(get_order::<D>))
         .route("/orders/{order_no}/pay", post(pay_order::<D>))
         .layer(idempotency.clone())
+        // Outside the layer: a request without a valid caller is refused before any claim.
+        .layer(axum::middleware::from_fn(user::require))
         .with_state(pool)
         .route(
             "/metrics",

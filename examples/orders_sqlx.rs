@@ -41,6 +41,8 @@ mod json;
 mod openapi;
 #[path = "support/relay.rs"]
 mod relay;
+#[path = "support/user.rs"]
+mod user;
 
 #[derive(Deserialize)]
 struct NewOrder {
@@ -218,6 +220,8 @@ fn app(
         .route("/orders/{order_no}", get(get_order))
         .route("/orders/{order_no}/pay", post(pay_order))
         .layer(idempotency.clone())
+        // Outside the layer: a request without a valid caller is refused before any claim.
+        .layer(axum::middleware::from_fn(user::require))
         .with_state(pool)
         .route(
             "/metrics",

@@ -237,6 +237,10 @@ async fn malformed_keys_are_400_never_5xx<D: Driver>() {
         b"\"unterminated".to_vec(),
         b"in\"side".to_vec(),
         b"\"bad\\escape\"".to_vec(),
+        b"\"k\";V=1".to_vec(),
+        b"\"k\" ;v=1".to_vec(),
+        b"\"k\";v=".to_vec(),
+        b"\"k\"v".to_vec(),
     ];
     for raw in cases {
         let request = Request::post("/orders")
@@ -261,6 +265,28 @@ async fn malformed_keys_are_400_never_5xx<D: Driver>() {
     assert_eq!(send(&app, request).await.problem_code(), "invalid_key");
     assert_eq!(knobs.calls(), 0);
     assert_eq!(db.orders().await, 0);
+}
+
+async fn key_parameters_are_checked_and_ignored<D: Driver>() {
+    let db = D::db(2).await;
+    let (app, knobs) = app::<D>(&db);
+    let keyed = |key: &'static str| {
+        Request::post("/orders")
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Body::from(r#"{"amount": 1}"#))
+            .unwrap()
+    };
+    let first = send(&app, keyed(r#""k";v=1"#)).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    for same in [r#""k""#, "k", r#""k"; v=2;x;y="a;b";z=?1"#] {
+        let again = send(&app, keyed(same)).await;
+        assert_eq!(again.status, StatusCode::CREATED, "{same}");
+        assert!(again.replayed(), "{same} names the key of \"k\";v=1");
+        assert_eq!(again.body, first.body);
+    }
+    assert_eq!(knobs.calls(), 1);
+    assert_eq!(db.records().await, 1);
 }
 
 async fn oversized_body_is_413_by_length_and_by_stream<D: Driver>() {
@@ -359,6 +385,52 @@ async fn deterministic_4xx_is_stored_but_its_writes_are_rolled_back<D: Driver>()
     );
     assert_eq!(db.records().await, 3);
     db.assert_settles().await;
+}
+
+async fn a_refusal_before_any_work_is_not_stored<D: Driver>() {
+    let db = D::db(2).await;
+    let (app, knobs) = app::<D>(&db);
+    // An extractor's rejection after the claim: no Content-Type, 415.
+    let no_content_type = Request::post("/orders")
+        .header("idempotency-key", "early-1")
+        .body(Body::from(r#"{"amount": 1}"#))
+        .unwrap();
+    let refused = send(&app, no_content_type).await;
+    assert_eq!(refused.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // The handler's own validation, before its first statement.
+    let invalid = send(
+        &app,
+        post_json(
+            "/orders",
+            Some("early-2"),
+            &json!({"refuse_before_work": 422}),
+        ),
+    )
+    .await;
+    assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(db.records().await, 0, "neither refusal was stored");
+    db.assert_settles().await;
+    // The corrected requests under the same keys run, and are stored.
+    for key in ["early-1", "early-2"] {
+        let ok = send(&app, post_json("/orders", Some(key), &json!({"amount": 1}))).await;
+        assert_eq!(ok.status, StatusCode::CREATED, "{key}");
+        assert!(!ok.replayed());
+    }
+    assert_eq!(knobs.calls(), 2);
+    assert_eq!((db.orders().await, db.records().await), (2, 2));
+}
+
+async fn refusals_before_work_are_stored_when_configured<D: Driver>() {
+    let db = D::db(2).await;
+    let layer = IdempotencyLayer::new(D::pool(&db)).store_rejections_before_work(true);
+    let app = router(Arc::new(Knobs::default()), layer);
+    let body = json!({"refuse_before_work": 422});
+    let first = send(&app, post_json("/orders", Some("early-3"), &body)).await;
+    assert_eq!(first.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let retry = send(&app, post_json("/orders", Some("early-3"), &body)).await;
+    assert_eq!(retry.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(retry.replayed());
+    assert_eq!(db.records().await, 1);
 }
 
 async fn retryable_failures_roll_back_and_store_nothing<D: Driver>() {
@@ -662,11 +734,17 @@ for_each_database! {
     #[tokio::test]
     async malformed_keys_are_400_never_5xx;
     #[tokio::test]
+    async key_parameters_are_checked_and_ignored;
+    #[tokio::test]
     async oversized_body_is_413_by_length_and_by_stream;
     #[tokio::test]
     async success_commits_and_stores;
     #[tokio::test]
     async deterministic_4xx_is_stored_but_its_writes_are_rolled_back;
+    #[tokio::test]
+    async a_refusal_before_any_work_is_not_stored;
+    #[tokio::test]
+    async refusals_before_work_are_stored_when_configured;
     #[tokio::test]
     async retryable_failures_roll_back_and_store_nothing;
     #[tokio::test]

@@ -150,8 +150,10 @@ async fn serves_idempotent_orders_and_metrics(example: &str) {
     )
     .await;
     assert_eq!(status, 200);
-    // ex-1, ex-2 (stored 422), ex-3; pay-1, pay-2, pay-3 (stored 404)
-    assert_eq!(metric(&text, "executed"), 6, "{text}");
+    // ex-1, ex-3; pay-1, pay-2, pay-3 (stored 404). ex-2's 422 came before the handler's
+    // first statement: rolled back, not stored.
+    assert_eq!(metric(&text, "executed"), 5, "{text}");
+    assert_eq!(metric(&text, "rolled_back"), 1, "{text}");
     assert_eq!(metric(&text, "replayed"), 2, "{text}"); // ex-1, pay-1
     assert_eq!(metric(&text, "missing_key"), 1, "{text}");
     assert_eq!(metric(&text, "payload_mismatch"), 1, "{text}");

@@ -131,7 +131,45 @@ async fn serves_the_contract(addr: &str, key: &str) -> (String, String) {
         404
     );
     assert_eq!(http(addr, &pay(&order_no, None)).await.0, 400);
+    refusals_leave_the_key_free(addr, &format!("{key}-refused")).await;
     (order_no, first)
+}
+
+/// What is refused before any work is not stored: a caller without an integer
+/// `X-User-Id` (400), a body without `Content-Type` (415) and a non-positive amount (422)
+/// each leave the key free, and the corrected request under it creates the order.
+async fn refusals_leave_the_key_free(addr: &str, key: &str) {
+    let body = r#"{"user_id": 1001, "amount": 5}"#;
+    let request = |headers: &str| {
+        format!(
+            "POST /orders HTTP/1.1\r\nhost: x\r\nconnection: close\r\nidempotency-key: {key}\r\n\
+             {headers}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    for (headers, status, code) in [
+        (
+            "content-type: application/json\r\n",
+            400,
+            "invalid_x_user_id",
+        ),
+        (
+            "x-user-id: abc\r\ncontent-type: application/json\r\n",
+            400,
+            "invalid_x_user_id",
+        ),
+        ("x-user-id: 1001\r\n", 415, "unsupported_media_type"),
+    ] {
+        let (got, answer) = http(addr, &request(headers)).await;
+        assert_eq!(got, status, "{headers:?}: {answer}");
+        let problem: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(problem["code"], code, "{headers:?}");
+    }
+    assert_eq!(http(addr, &post_order(key, -1)).await.0, 422);
+    // Had any refusal been stored, this would replay it or answer 422 `key_reused`.
+    let (status, created) = http(addr, &post_order(key, 5)).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(http(addr, &post_order(key, 5)).await, (201, created));
 }
 
 /// A raw keyed `POST /orders` whose answer headers are kept.

@@ -109,6 +109,7 @@ async fn declares_the_idempotency_contract(example: &str) {
         codes("400"),
         [
             "malformed_json",
+            "invalid_x_user_id",
             "missing_key",
             "invalid_key",
             "body_unreadable"
@@ -155,17 +156,17 @@ async fn declares_the_idempotency_contract(example: &str) {
     let replayed = header_schema(&spec, &responses["200"], "Idempotent-Replayed");
     assert_eq!(replayed.enum_values, [serde_json::json!("true")]);
 
-    // The caller's header is what the layer's scope reads: any value, or none.
+    // The caller's header is what the layer's scope reads: a required integer.
     let user = post
         .parameter("X-User-Id", &spec)
         .unwrap()
         .expect("the X-User-Id parameter");
-    assert_ne!(user.required, Some(true), "requests without it are served");
+    assert_eq!(user.required, Some(true));
     let user_schema = user.schema.unwrap().resolve(&spec).unwrap();
     assert_eq!(
         user_schema.schema_type,
         Some(oas3::spec::SchemaTypeSet::Single(
-            oas3::spec::SchemaType::String
+            oas3::spec::SchemaType::Integer
         ))
     );
 
@@ -195,6 +196,7 @@ async fn declares_the_idempotency_contract(example: &str) {
         let response = client
             .post(format!("http://{addr}/orders"))
             .header("idempotency-key", format!("body-{code}-{}", body.len()))
+            .header("x-user-id", "1")
             .header("content-type", content_type)
             .body(body)
             .send()
@@ -214,6 +216,23 @@ async fn declares_the_idempotency_contract(example: &str) {
             codes(&status.to_string()).iter().any(|c| c == code),
             "{code} is declared for {status}"
         );
+    }
+
+    // A caller without an integer X-User-Id is refused as the document declares.
+    for user in [None, Some("one")] {
+        let mut request = client
+            .post(format!("http://{addr}/orders"))
+            .header("idempotency-key", "no-user")
+            .header("content-type", "application/json")
+            .body(r#"{"user_id": 1, "amount": 5}"#);
+        if let Some(user) = user {
+            request = request.header("x-user-id", user);
+        }
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 400, "{user:?}");
+        let problem: serde_json::Value =
+            serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        assert_eq!(problem["code"], "invalid_x_user_id", "{user:?}");
     }
 
     // The read is not keyed.

@@ -68,18 +68,17 @@ fn document<D: LeaseStore>(layer: &IdempotencyLayer<D>) -> utoipa::openapi::Open
         .required("order_no")
         .required("user_id")
         .required("amount");
-    // What the layer's `scope` reads: any visible-ASCII value names a caller; keys sent
-    // without it (or with another value) share one scope.
+    // What the layer's `scope` reads, required on the keyed routes (`support/user.rs`).
     let user = || {
         ParameterBuilder::new()
             .name("X-User-Id")
             .parameter_in(ParameterIn::Header)
-            .required(Required::False)
+            .required(Required::True)
             .description(Some(
-                "The caller: keys are scoped per value of this header. Requests without it \
-                 share one scope.",
+                "The caller's integer user id: keys are scoped per caller. Missing or not an \
+                 integer: 400 `invalid_x_user_id`, and nothing is created or stored.",
             ))
-            .schema(Some(string()))
+            .schema(Some(integer()))
     };
     let order_json = || Content::new(Some(Ref::from_schema_name("Order")));
     // The handlers' own problem documents: `code` is all a client branches on.
@@ -149,6 +148,11 @@ fn document<D: LeaseStore>(layer: &IdempotencyLayer<D>) -> utoipa::openapi::Open
                 format!("{description} Or the amount is not positive."),
                 vec!["invalid_amount", code],
             )
+        } else if status == axum::http::StatusCode::BAD_REQUEST {
+            (
+                format!("{description} Or X-User-Id is missing or not an integer."),
+                vec![code, crate::user::INVALID],
+            )
         } else {
             (description.to_owned(), vec![code])
         };
@@ -176,6 +180,13 @@ fn document<D: LeaseStore>(layer: &IdempotencyLayer<D>) -> utoipa::openapi::Open
                             .required("status"),
                     )),
                 ),
+        )
+        .response(
+            "400",
+            problem(
+                "X-User-Id is missing or not an integer.",
+                &[crate::user::INVALID],
+            ),
         )
         .response(
             "404",

@@ -20,7 +20,8 @@ pub const MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key: 1–255 printable ASCII characters.
 ///
-/// The quoted form `"abc"` and the bare form `abc` parse to the same key.
+/// The quoted form `"abc"` and the bare form `abc` parse to the same key; parameters after
+/// the quoted form (`"abc";v=1`) are validated and do not change it.
 ///
 /// ```
 /// use axum_idempotency::IdempotencyKey;
@@ -29,6 +30,8 @@ pub const MAX_KEY_LEN: usize = 255;
 /// let bare = IdempotencyKey::parse(b"order-42").unwrap();
 /// assert_eq!(quoted, bare);
 /// assert_eq!(bare.as_str(), "order-42");
+/// assert_eq!(IdempotencyKey::parse(br#""order-42";v=1"#).unwrap(), bare);
+/// assert!(IdempotencyKey::parse(br#""order-42";V=1"#).is_err()); // keys are lowercase
 ///
 /// assert!(IdempotencyKey::parse(b"").is_err());
 /// assert!(IdempotencyKey::parse("caf\u{e9}".as_bytes()).is_err());
@@ -37,11 +40,16 @@ pub const MAX_KEY_LEN: usize = 255;
 pub struct IdempotencyKey(Box<str>);
 
 impl IdempotencyKey {
-    /// Parses a header value, quoted (Structured Field string) or bare.
+    /// Parses a header value: a Structured Field string, with or without parameters, or a
+    /// bare token.
     pub fn parse(raw: &[u8]) -> Result<Self, KeyError> {
         let key = match raw {
-            [b'"', inner @ .., b'"'] => unquote(inner)?,
-            [b'"', ..] => return Err(KeyError::BrokenQuoting),
+            [b'"', rest @ ..] => {
+                let (inner, parameters) = split_sf_string(rest)?;
+                let key = unquote(inner)?;
+                check_parameters(parameters)?;
+                key
+            }
             _ => bare(raw)?,
         };
         if key.is_empty() {
@@ -118,6 +126,96 @@ fn unquote(inner: &[u8]) -> Result<String, KeyError> {
     Ok(out)
 }
 
+/// Splits what follows a Structured Field string's opening quote at its closing quote:
+/// the string's content (escapes still in it) and what follows the quote.
+fn split_sf_string(rest: &[u8]) -> Result<(&[u8], &[u8]), KeyError> {
+    let mut at = 0;
+    while at < rest.len() {
+        match rest[at] {
+            b'\\' => at += 2,
+            b'"' => return Ok((&rest[..at], &rest[at + 1..])),
+            _ => at += 1,
+        }
+    }
+    Err(KeyError::BrokenQuoting)
+}
+
+/// Checks the parameters after an Item's bare item (RFC 8941 §3.1.2): each
+/// `;` *SP key [ `=` bare-item ], keys `lcalpha / "*"` then `lcalpha / DIGIT / _ - . *`.
+fn check_parameters(mut rest: &[u8]) -> Result<(), KeyError> {
+    let malformed = || KeyError::MalformedParameters;
+    while let [b';', after @ ..] = rest {
+        let spaces = after.iter().take_while(|&&b| b == b' ').count();
+        let name = &after[spaces..];
+        let Some(&(b'a'..=b'z' | b'*')) = name.first() else {
+            return Err(malformed());
+        };
+        let len = 1 + name[1..]
+            .iter()
+            .take_while(|&&b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'_' | b'-' | b'.' | b'*'))
+            .count();
+        rest = &name[len..];
+        if let [b'=', value @ ..] = rest {
+            rest = skip_bare_item(value).ok_or_else(malformed)?;
+        }
+    }
+    if rest.is_empty() {
+        Ok(())
+    } else {
+        Err(malformed())
+    }
+}
+
+/// What follows a parameter's value (RFC 8941 §4.2.3.1: an integer, a decimal, a string, a
+/// token, a byte sequence or a boolean), or `None` if none starts `value`.
+fn skip_bare_item(value: &[u8]) -> Option<&[u8]> {
+    let digits = |bytes: &[u8]| bytes.iter().take_while(|b| b.is_ascii_digit()).count();
+    match value.first()? {
+        b'-' | b'0'..=b'9' => {
+            let sign = usize::from(value[0] == b'-');
+            let whole = digits(&value[sign..]);
+            let mut end = sign + whole;
+            if whole == 0 {
+                return None;
+            }
+            if value.get(end) == Some(&b'.') {
+                let fraction = digits(&value[end + 1..]);
+                if whole > 12 || !(1..=3).contains(&fraction) {
+                    return None;
+                }
+                end += 1 + fraction;
+            } else if whole > 15 {
+                return None;
+            }
+            Some(&value[end..])
+        }
+        b'"' => {
+            let (inner, after) = split_sf_string(&value[1..]).ok()?;
+            unquote(inner).ok()?;
+            Some(after)
+        }
+        b'?' => match value.get(1)? {
+            b'0' | b'1' => Some(&value[2..]),
+            _ => None,
+        },
+        b':' => {
+            let len = value[1..]
+                .iter()
+                .take_while(|&&b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'='))
+                .count();
+            (value.get(1 + len) == Some(&b':')).then(|| &value[2 + len..])
+        }
+        b'a'..=b'z' | b'A'..=b'Z' | b'*' => {
+            let len = 1 + value[1..]
+                .iter()
+                .take_while(|&&b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b))
+                .count();
+            Some(&value[len..])
+        }
+        _ => None,
+    }
+}
+
 /// Why an `Idempotency-Key` value was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -142,6 +240,9 @@ pub enum KeyError {
     },
     /// A quote that does not open and close a Structured Field string, or a bad escape.
     BrokenQuoting,
+    /// What follows the quoted key is not a list of Structured Field parameters
+    /// (`;name=value`, RFC 8941).
+    MalformedParameters,
     /// The request carries the header more than once.
     Repeated,
 }
@@ -165,6 +266,10 @@ impl fmt::Display for KeyError {
             ),
             Self::BrokenQuoting => f.write_str(
                 "the Idempotency-Key is neither a bare token nor a well-formed quoted string",
+            ),
+            Self::MalformedParameters => f.write_str(
+                "what follows the quoted Idempotency-Key is not a list of parameters \
+                 (;name or ;name=value, names in lowercase, RFC 8941)",
             ),
             Self::Repeated => f.write_str("the Idempotency-Key header is sent more than once"),
         }
@@ -285,25 +390,15 @@ pub(crate) mod model {
 
     /// The documented language, written independently of the parser: a bare token of
     /// 1–255 bytes in `0x21..=0x7e` without `"`, or a Structured Field string whose
-    /// unescaped content is 1–255 characters of `0x20..=0x7e`.
+    /// unescaped content is 1–255 characters of `0x20..=0x7e`, followed by RFC 8941
+    /// parameters.
     pub(crate) fn key(raw: &[u8]) -> Option<String> {
-        let key = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
-            let mut out = String::new();
-            let mut inner = raw[1..raw.len() - 1].iter();
-            while let Some(&byte) = inner.next() {
-                match byte {
-                    b'\\' => match inner.next() {
-                        Some(&escaped) if escaped == b'"' || escaped == b'\\' => {
-                            out.push(char::from(escaped))
-                        }
-                        _ => return None,
-                    },
-                    b'"' => return None,
-                    0x20..=0x7e => out.push(char::from(byte)),
-                    _ => return None,
-                }
+        let key = if raw.first() == Some(&b'"') {
+            let (key, after) = string(&raw[1..])?;
+            if !parameters(after) {
+                return None;
             }
-            out
+            key
         } else if raw
             .iter()
             .all(|&byte| (0x21..=0x7e).contains(&byte) && byte != b'"')
@@ -313,6 +408,99 @@ pub(crate) mod model {
             return None;
         };
         (1..=MAX_KEY_LEN).contains(&key.len()).then_some(key)
+    }
+
+    /// A string's unescaped content and what follows its closing quote.
+    fn string(raw: &[u8]) -> Option<(String, &[u8])> {
+        let mut out = String::new();
+        let mut i = 0;
+        loop {
+            match *raw.get(i)? {
+                b'\\' => {
+                    let escaped = *raw.get(i + 1)?;
+                    if escaped != b'"' && escaped != b'\\' {
+                        return None;
+                    }
+                    out.push(char::from(escaped));
+                    i += 2;
+                }
+                b'"' => return Some((out, &raw[i + 1..])),
+                byte @ 0x20..=0x7e => {
+                    out.push(char::from(byte));
+                    i += 1;
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// `*( ";" *SP key [ "=" bare-item ] )`, RFC 8941 §3.1.2.
+    fn parameters(mut rest: &[u8]) -> bool {
+        loop {
+            let Some((&first, after)) = rest.split_first() else {
+                return true;
+            };
+            if first != b';' {
+                return false;
+            }
+            rest = after;
+            while rest.first() == Some(&b' ') {
+                rest = &rest[1..];
+            }
+            match rest.first() {
+                Some(c) if c.is_ascii_lowercase() || *c == b'*' => {}
+                _ => return false,
+            }
+            let name_len = rest
+                .iter()
+                .position(|c| {
+                    !(c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-.*".contains(c))
+                })
+                .unwrap_or(rest.len());
+            rest = &rest[name_len..];
+            if rest.first() == Some(&b'=') {
+                match bare_item(&rest[1..]) {
+                    Some(after) => rest = after,
+                    None => return false,
+                }
+            }
+        }
+    }
+
+    /// An integer, decimal, string, token, byte sequence or boolean, and what follows it.
+    fn bare_item(raw: &[u8]) -> Option<&[u8]> {
+        let first = *raw.first()?;
+        if first == b'-' || first.is_ascii_digit() {
+            let unsigned = if first == b'-' { &raw[1..] } else { raw };
+            let whole = unsigned.iter().take_while(|c| c.is_ascii_digit()).count();
+            let after = &unsigned[whole..];
+            if after.first() == Some(&b'.') {
+                let fraction = after[1..].iter().take_while(|c| c.is_ascii_digit()).count();
+                let ok = (1..=12).contains(&whole) && (1..=3).contains(&fraction);
+                return ok.then(|| &after[1 + fraction..]);
+            }
+            return (1..=15).contains(&whole).then_some(after);
+        }
+        match first {
+            b'"' => string(&raw[1..]).map(|(_, after)| after),
+            b'?' => matches!(raw.get(1), Some(b'0' | b'1')).then(|| &raw[2..]),
+            b':' => {
+                let end = raw[1..].iter().position(|&c| c == b':')?;
+                let content = &raw[1..1 + end];
+                content
+                    .iter()
+                    .all(|c| c.is_ascii_alphanumeric() || b"+/=".contains(c))
+                    .then(|| &raw[2 + end..])
+            }
+            c if c.is_ascii_alphabetic() || c == b'*' => {
+                let len = raw
+                    .iter()
+                    .position(|c| !(c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(c)))
+                    .unwrap_or(raw.len());
+                Some(&raw[len..])
+            }
+            _ => None,
+        }
     }
 
     /// Serialises a key as a Structured Field string.
@@ -435,6 +623,18 @@ mod tests {
             ]
         }
 
+        /// The bytes parameters are made of, and a few that break them.
+        fn parameter_byte() -> impl Strategy<Value = u8> {
+            prop_oneof![
+                3 => Just(b';'),
+                3 => Just(b'='),
+                2 => Just(b' '),
+                6 => b'a'..=b'z',
+                3 => b'0'..=b'9',
+                1 => prop::sample::select(b"\"?:-.*_/+AZ\\\t".to_vec()),
+            ]
+        }
+
         fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
             prop_oneof![
                 prop::collection::vec(any::<u8>(), 0..600),
@@ -445,6 +645,23 @@ mod tests {
                     inner.push(b'"');
                     inner
                 }),
+                // A quoted key and parameters, well-formed or nearly.
+                (
+                    prop::collection::vec(0x21u8..=0x7e, 1..20),
+                    prop::collection::vec(parameter_byte(), 0..40),
+                )
+                    .prop_map(|(key, params)| {
+                        let mut raw: Vec<u8> = format!(
+                            "\"{}\"",
+                            String::from_utf8(key)
+                                .unwrap()
+                                .replace('\\', "\\\\")
+                                .replace('"', "\\\"")
+                        )
+                        .into_bytes();
+                        raw.extend(params);
+                        raw
+                    }),
                 // Around the length limit.
                 (250usize..=262).prop_map(|len| vec![b'k'; len]),
             ]

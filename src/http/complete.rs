@@ -66,8 +66,13 @@ impl<D: LeaseStore> RequestState<D> {
         if self.key.is_none() {
             return self.finish_unkeyed(conn, decision, response).await;
         }
-        if decision == StoreDecision::Discard {
-            tracing::debug!(record = %self.id, status = %response.status(), "rolled back, not stored");
+        let refused_before_work = decision == StoreDecision::StoreWithoutCommit
+            && response.status().is_client_error()
+            && !self.config.store_rejections_before_work
+            && !self.work_began.load(Ordering::Acquire);
+        if decision == StoreDecision::Discard || refused_before_work {
+            tracing::debug!(record = %self.id, status = %response.status(), refused_before_work,
+                "rolled back, not stored");
             D::rollback(conn).await;
             telemetry::request(RequestOutcome::RolledBack);
             return response.map(Body::new);

@@ -34,6 +34,9 @@ pub(crate) struct Config<D> {
     pub(crate) ttl: Duration,
     pub(crate) kept_headers: Vec<HeaderName>,
     pub(crate) store_policy: fn(StatusCode) -> StoreDecision,
+    /// Store a 4xx answered before the handler reached its transaction (an extractor's
+    /// rejection, a validation failure). Default: not stored, the key stays free.
+    pub(crate) store_rejections_before_work: bool,
     pub(crate) wait_for_in_flight: Option<Duration>,
     pub(crate) retry_after: u32,
     pub(crate) on_rejection: Option<RejectionHandler>,
@@ -70,6 +73,7 @@ impl<D> Config<D> {
             ttl: Duration::from_secs(24 * 60 * 60),
             kept_headers: vec![header::CONTENT_TYPE, header::LOCATION],
             store_policy: StoreDecision::for_status,
+            store_rejections_before_work: false,
             wait_for_in_flight: None,
             retry_after: 1,
             on_rejection: None,

@@ -136,7 +136,7 @@ pub(crate) fn keyed_rejection<T>(
 pub(crate) async fn extract_tx<D: LeaseStore>(
     parts: &Parts,
     extractor: &str,
-) -> Result<D::Handle, Response> {
+) -> Result<IdempotentTx<D>, Response> {
     // Rendered with the default; the layer (when present) re-renders custom rejections.
     let state = request_state::<D>(parts, extractor).map_err(|r| r.problem_response())?;
     let claimed = state
@@ -147,7 +147,7 @@ pub(crate) async fn extract_tx<D: LeaseStore>(
         // Answered without running the handler: the key is free for the next retry.
         state.release_redis_lock().await;
     }
-    claimed
+    claimed.map(|handle| IdempotentTx::watched(handle, Arc::clone(&state.work_began)))
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotentLease {
@@ -166,8 +166,6 @@ impl<S: Send + Sync, D: LeaseStore> FromRequestParts<S> for IdempotentTx<D> {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        extract_tx::<D>(parts, "IdempotentTx")
-            .await
-            .map(IdempotentTx::new)
+        extract_tx::<D>(parts, "IdempotentTx").await
     }
 }

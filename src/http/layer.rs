@@ -242,6 +242,22 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
         self.with(|c| c.store_policy = policy)
     }
 
+    /// Whether a 4xx answered before the handler used its transaction is stored. Default:
+    /// `false`.
+    ///
+    /// A request refused before any work began — an extractor's rejection (415 without
+    /// `Content-Type`, 400 for a body that does not parse) or the handler's own validation
+    /// before its first statement or enqueue — is answered and not stored, and the key
+    /// stays free: the client's corrected request under the same key runs, instead of
+    /// getting the refusal again or 422 for a key reused with another body. A 4xx after
+    /// the handler's first statement is stored (without its writes) as
+    /// [`store_policy`](Self::store_policy) says. `true` stores both. Lease mode stores
+    /// its 4xx either way: its record commits before the handler runs.
+    #[must_use]
+    pub fn store_rejections_before_work(self, enabled: bool) -> Self {
+        self.with(|c| c.store_rejections_before_work = enabled)
+    }
+
     /// While another request with the same key is in flight, wait up to `timeout` for it
     /// to finish and then replay its response, instead of answering 409 at once. The
     /// waiting request holds a pooled connection. Default: no waiting.

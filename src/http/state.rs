@@ -45,6 +45,8 @@ pub(crate) struct RequestState<D: Store> {
     /// Lease mode: the fencing token of the lease this request holds.
     pub(crate) lease: std::sync::Mutex<Option<i64>>,
     pub(crate) claimed: AtomicBool,
+    /// Atomic mode: the handler reached its transaction (set by the `IdempotentTx` handle).
+    pub(crate) work_began: Arc<AtomicBool>,
     /// When the layer took the request: the earliest its record's lifetime can start.
     pub(crate) started: Instant,
     /// This request holds the Redis front line's in-flight lock.
@@ -73,6 +75,7 @@ impl<D: LeaseStore> RequestState<D> {
             replaces: AtomicBool::new(false),
             lease: std::sync::Mutex::new(None),
             claimed: AtomicBool::new(false),
+            work_began: Arc::new(AtomicBool::new(false)),
             started: Instant::now(),
             #[cfg(feature = "redis")]
             redis_lock: AtomicBool::new(false),

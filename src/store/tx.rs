@@ -2,6 +2,8 @@
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{OutboxStore, Store};
 use crate::engine::error::Error;
@@ -54,11 +56,31 @@ use crate::engine::outbox::{Enqueued, OutboxMessage};
 /// ```
 pub struct IdempotentTx<D: Store> {
     handle: D::Handle,
+    /// Set when the handler first reaches the transaction (a statement, an enqueue): an
+    /// answer given before that is not stored.
+    work_began: Option<Arc<AtomicBool>>,
 }
 
 impl<D: Store> IdempotentTx<D> {
     pub(crate) fn new(handle: D::Handle) -> Self {
-        Self { handle }
+        Self {
+            handle,
+            work_began: None,
+        }
+    }
+
+    /// A handle that sets `work_began` when the handler first uses the transaction.
+    pub(crate) fn watched(handle: D::Handle, work_began: Arc<AtomicBool>) -> Self {
+        Self {
+            handle,
+            work_began: Some(work_began),
+        }
+    }
+
+    fn began(&self) {
+        if let Some(flag) = &self.work_began {
+            flag.store(true, Ordering::Release);
+        }
     }
 
     /// A stable key for one downstream effect of this operation: the same on every retry of
@@ -113,6 +135,7 @@ impl<D: OutboxStore> IdempotentTx<D> {
     /// ```
     pub async fn enqueue(&mut self, message: &OutboxMessage) -> Result<Enqueued, Error> {
         message.check().map_err(Error::InvalidMessage)?;
+        self.began();
         D::enqueue(&mut self.handle, message)
             .await
             .map_err(Error::of_crate_statement)
@@ -123,12 +146,14 @@ impl<D: Store> Deref for IdempotentTx<D> {
     type Target = D::Tx;
 
     fn deref(&self) -> &D::Tx {
+        self.began();
         D::tx(&self.handle)
     }
 }
 
 impl<D: Store> DerefMut for IdempotentTx<D> {
     fn deref_mut(&mut self) -> &mut D::Tx {
+        self.began();
         D::tx_mut(&mut self.handle)
     }
 }

@@ -408,8 +408,9 @@ impl Knobs {
 }
 
 /// `POST /orders` with a JSON body `{"amount": n, "status"?: code, "panic"?: true,
-/// "leak"?: true, "hang"?: true, "stall_body"?: true, "enqueue"?: topic}` (`enqueue`: an
-/// outbox message to `topic` whose id is the derived key `event`).
+/// "leak"?: true, "hang"?: true, "stall_body"?: true, "enqueue"?: topic,
+/// "refuse_before_work"?: code}` (`enqueue`: an outbox message to `topic` whose id is the
+/// derived key `event`; `refuse_before_work`: answer `code` before the first statement).
 async fn create_order<T: TestTx>(
     State(knobs): State<Arc<Knobs>>,
     mut tx: T,
@@ -417,6 +418,10 @@ async fn create_order<T: TestTx>(
 ) -> Response<Body> {
     let user: i64 = body["user_id"].as_i64().unwrap_or(1);
     let amount: i64 = body["amount"].as_i64().unwrap_or(1);
+    if let Some(status) = body["refuse_before_work"].as_u64() {
+        // The handler's own validation, before it uses its transaction.
+        return StatusCode::from_u16(status as u16).unwrap().into_response();
+    }
     // On tokio-postgres the key's lock leaves with this first statement: an in-flight
     // duplicate's statement is refused here (the panic is answered 409 by the layer), so
     // `calls` counts the handlers that got past their first statement.
