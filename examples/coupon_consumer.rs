@@ -88,8 +88,12 @@ where
 async fn postgres(url: &str, queue: &str) -> Result<(), Box<dyn std::error::Error>> {
     use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
+    // A connection whose peer went silent fails within 4 s: the delivery is not acked and
+    // comes back once the database answers again.
+    let mut config: tokio_postgres::Config = url.parse()?;
+    axum_idempotency::postgres::detect_dead_peers(&mut config, std::time::Duration::from_secs(4));
     let manager = Manager::from_config(
-        url.parse()?,
+        config,
         tokio_postgres::NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,

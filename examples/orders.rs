@@ -402,25 +402,38 @@ async fn mysql(url: &str, _settings: Settings) -> Result<(), Box<dyn std::error:
     Err(missing_feature(url, "mysql"))
 }
 
+/// How long a PostgreSQL connection may wait on a silent peer, and a request for a
+/// connection from the pool.
+#[cfg(feature = "deadpool")]
+const LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+
 #[cfg(feature = "deadpool")]
 async fn postgres(url: &str, settings: Settings) -> Result<(), Box<dyn std::error::Error>> {
     use axum_idempotency::postgres::PgStore;
     use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
     orders_db::postgres::use_prepared_statements(settings.prepared.unwrap_or(true));
+    // A connection whose peer went silent (a cut link) fails within 4 s, and the pool
+    // waits no longer than that for a connection.
+    let mut config: tokio_postgres::Config = url.parse()?;
+    axum_idempotency::postgres::detect_dead_peers(&mut config, LINK_TIMEOUT);
     let manager = Manager::from_config(
-        url.parse()?,
+        config.clone(),
         tokio_postgres::NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    let pool = Pool::builder(manager).max_size(16).build()?;
+    let pool = Pool::builder(manager)
+        .max_size(16)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(LINK_TIMEOUT))
+        .create_timeout(Some(LINK_TIMEOUT))
+        .build()?;
     prepare::<PgStore>(&pool, url).await?;
     // LISTEN does not work behind a transaction-pooling PgBouncer (no prepared
     // statements): the relay polls alone there.
-    let wake = (settings.prepared != Some(false))
-        .then(|| Listener::postgres(url.parse().expect("parsed above")));
+    let wake = (settings.prepared != Some(false)).then(|| Listener::postgres(config));
     serve(pool.clone(), pool, wake, settings).await
 }
 

@@ -14,6 +14,13 @@ impl Listener {
     /// A listener on a tokio-postgres connection of its own, made from `config` without
     /// TLS (see [`postgres_with_tls`](Self::postgres_with_tls)).
     ///
+    /// The connection only ever receives, so a silently cut link would leave it deaf with
+    /// nothing failing: unless `config` sets a `tcp_user_timeout` of its own, the listener
+    /// applies [`detect_dead_peers`](crate::postgres::detect_dead_peers) with
+    /// [`DEAD_LISTENER_AFTER`](crate::postgres::DEAD_LISTENER_AFTER), so a dead link ends
+    /// the session within seconds and the listener reconnects; the relay's polling covers
+    /// the gap.
+    ///
     /// ```no_run
     /// # #[cfg(feature = "rabbitmq")]
     /// # async fn run(pool: deadpool_postgres::Pool, database_url: &str) -> Result<(), Box<dyn std::error::Error>> {
@@ -56,6 +63,10 @@ impl Listener {
         T::TlsConnect: Send,
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
+        let mut config = config;
+        if config.get_tcp_user_timeout().is_none() {
+            crate::postgres::detect_dead_peers(&mut config, crate::postgres::DEAD_LISTENER_AFTER);
+        }
         Self::from_session(move |wake| {
             let (config, tls) = (config.clone(), tls.clone());
             Box::pin(session(config, tls, wake))

@@ -13,6 +13,7 @@
 mod conn;
 mod inbox;
 mod lease;
+mod link;
 mod listen;
 mod maintenance;
 mod migrate;
@@ -25,6 +26,7 @@ mod tx;
 use std::fmt;
 use std::sync::Arc;
 
+pub use self::link::{DEAD_LISTENER_AFTER, detect_dead_peers};
 pub use self::outbox::enqueue;
 pub use self::pool::{BoxFuture, ClientPool, PoolError, PooledClient};
 pub use self::tx::{PgTx, TxStatement};
