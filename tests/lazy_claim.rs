@@ -77,13 +77,20 @@ async fn no_statement<S: TestStore>(
 }
 
 fn no_statement_app<D: PgDriver>(db: &TestDb) -> (Router, Gate) {
+    no_statement_app_with::<D>(db, |layer| layer)
+}
+
+fn no_statement_app_with<D: PgDriver>(
+    db: &TestDb,
+    layer: impl FnOnce(IdempotencyLayer<D::Store>) -> IdempotencyLayer<D::Store>,
+) -> (Router, Gate) {
     let gate = Gate {
         open: Arc::new(Semaphore::new(0)),
         arrived: Arc::new(Semaphore::new(0)),
     };
     let app = Router::new()
         .route("/noop", post(no_statement::<D::Store>))
-        .layer(IdempotencyLayer::new(D::pool(db)))
+        .layer(layer(IdempotencyLayer::new(D::pool(db))))
         .with_state(gate.clone());
     (app, gate)
 }
@@ -191,10 +198,12 @@ async fn a_business_row_conflict_with_a_committed_twin_replays<D: PgDriver>() {
 
 /// A handler that sends no statement: its record, the key's lock and `COMMIT` leave in
 /// one pipeline. A key held by another session stores nothing and is answered 409; a free
-/// one is stored, and a stored 4xx is replayed like any other.
+/// one is stored, and (with `store_rejections_before_work`, since a 4xx before any
+/// statement is otherwise not stored) a stored 4xx is replayed like any other.
 async fn a_handler_without_statements_stores_its_answer_under_the_lock<D: PgDriver>() {
     let db = TestDb::new(4).await;
-    let (app, _gate) = no_statement_app::<D>(&db);
+    let (app, _gate) =
+        no_statement_app_with::<D>(&db, |layer| layer.store_rejections_before_work(true));
     let key = hold_key(&db, "quiet-1").await;
     let held = send(&app, noop("quiet-1")).await;
     assert_eq!(held.status, StatusCode::CONFLICT);

@@ -146,7 +146,9 @@ impl<T> Page<T> {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Overview {
-    /// All records, the planner's estimate (as of the table's last `ANALYZE`).
+    /// All records, the planner's estimate (as of the table's last `ANALYZE`; InnoDB's
+    /// `TABLE_ROWS`; an exact count on SQLite), and never fewer than `processing +
+    /// failed`, which are counted exactly.
     pub records_estimate: i64,
     /// PROCESSING records (lease mode), live leases and stale ones.
     pub processing: i64,
