@@ -128,6 +128,29 @@ async fn a_silent_cut_costs_seconds_and_heals_at_once() {
             eprintln!("{round}: 503 after {took:?}");
         }
     }
+    // A second instance started while the link is cut fails within the bound, in one
+    // line naming the database's host and port.
+    let started = Instant::now();
+    let output = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(example_binary("orders"))
+            .env("DATABASE_URL", &net.url)
+            .env("BIND_ADDR", "127.0.0.1:0")
+            .env("RUST_LOG", "off")
+            .env_remove("AMQP_URL")
+            .env_remove("ADMIN_PASSWORD")
+            .output(),
+    )
+    .await
+    .expect("the example neither served nor exited in 30 s")
+    .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(took <= BOUND, "start-up failed after {took:?}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("10.77.0.2:5432"), "{stderr}");
+    eprintln!("start-up during the cut: failed after {took:?}: {}", stderr.trim());
     let cut_for = cut_at.elapsed();
 
     net.heal();
