@@ -41,6 +41,10 @@
 //! `ADMIN_PASSWORD=secret cargo run --example orders --features console`, then open
 //! <http://admin:secret@localhost:3000/admin/>. Without it, `/admin/` is 404.
 //!
+//! `RECORD_TTL_SECS` sets how long a key's record is replayed (default 24 h);
+//! `SWEEP_INTERVAL_SECS` runs the crate's sweeper in this process at that interval, which
+//! purges a record once its TTL has passed. A key whose record was purged runs again as new.
+//!
 //! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
 //! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.
 //!
@@ -73,6 +77,8 @@ mod openapi;
 mod orders_db;
 #[path = "support/relay.rs"]
 mod relay;
+#[path = "support/retention.rs"]
+mod retention;
 #[path = "support/user.rs"]
 mod user;
 
@@ -284,6 +290,8 @@ struct Settings {
     bind: SocketAddr,
     /// `PREPARED_STATEMENTS`, when set.
     prepared: Option<bool>,
+    /// `RECORD_TTL_SECS` and `SWEEP_INTERVAL_SECS`.
+    retention: retention::Retention,
     metrics: PrometheusHandle,
 }
 
@@ -331,6 +339,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             })?),
             Err(_) => None,
         },
+        retention: retention::Retention::from_env()?,
         metrics: PrometheusBuilder::new().install_recorder()?,
     };
     match Backend::from_env()? {
@@ -472,6 +481,8 @@ where
             .ok()
             .map(str::to_owned)
     });
+    idempotency = settings.retention.layer(idempotency);
+    let sweeper = settings.retention.sweeper(store.clone());
     let mut admin = axum_idempotency::Admin::new(store.clone());
     if let Some(prepared) = settings.prepared {
         idempotency = idempotency.prepared_statements(prepared);
@@ -498,6 +509,9 @@ where
     // After the drain: what the last requests enqueued is published before the relay stops.
     if let Some(relay) = relay {
         relay.shutdown().await;
+    }
+    if let Some(sweeper) = sweeper {
+        sweeper.shutdown().await;
     }
     println!("orders example stopped");
     Ok(())

@@ -3,10 +3,12 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --example orders_sqlx --features sqlx
-//! curl -i -X POST localhost:3000/orders -H 'Idempotency-Key: k1' \
+//! curl -i -X POST localhost:3000/orders -H "Idempotency-Key: $(uuidgen)" -H 'X-User-Id: 1001' \
 //!      -H 'content-type: application/json' -d '{"user_id": 1001, "amount": 299}'
 //! curl localhost:3000/metrics
 //! ```
+//!
+//! `RECORD_TTL_SECS` and `SWEEP_INTERVAL_SECS` as in `examples/orders.rs`.
 //!
 //! `PREPARED_STATEMENTS=false` (for a PgBouncer without prepared-statement support) sends
 //! the layer's statements and the handlers' unprepared.
@@ -41,6 +43,8 @@ mod json;
 mod openapi;
 #[path = "support/relay.rs"]
 mod relay;
+#[path = "support/retention.rs"]
+mod retention;
 #[path = "support/user.rs"]
 mod user;
 
@@ -341,6 +345,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => true,
     };
     PREPARED_STATEMENTS.get_or_init(|| prepared);
+    let retention = retention::Retention::from_env()?;
 
     let pool = PgPoolOptions::new()
         .max_connections(16)
@@ -368,6 +373,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .map(str::to_owned)
         })
         .prepared_statements(prepared);
+    let idempotency = retention.layer(idempotency);
+    let sweeper = retention.sweeper(pool.clone());
     // LISTEN does not work behind a transaction-pooling PgBouncer (no prepared
     // statements): the relay polls alone there.
     let wake = prepared.then(|| axum_idempotency::outbox::Listener::sqlx(&pool));
@@ -392,6 +399,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // After the drain: what the last requests enqueued is published before the relay stops.
     if let Some(relay) = relay {
         relay.shutdown().await;
+    }
+    if let Some(sweeper) = sweeper {
+        sweeper.shutdown().await;
     }
     println!("orders example stopped");
     Ok(())

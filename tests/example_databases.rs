@@ -260,6 +260,42 @@ async fn with_no_database_url_the_example_serves_on_orders_db_in_its_directory()
     stop(child).await;
 }
 
+/// `RECORD_TTL_SECS=2 SWEEP_INTERVAL_SECS=1`: a key's record is purged once its TTL has
+/// passed, and the key then runs again as a new request.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_ttl_and_sweep_interval_free_a_key_after_its_ttl() {
+    let dir = TempDir::new();
+    let env = [("RECORD_TTL_SECS", "2"), ("SWEEP_INTERVAL_SECS", "1")];
+    let (child, addr) = start_in(&dir.0, &env).await;
+    let (status, first, _) = replayed_header(&addr, "ttl-1").await;
+    assert_eq!(status, 201, "{first}");
+    let (_, _, replayed) = replayed_header(&addr, "ttl-1").await;
+    assert!(replayed, "within its TTL the key replays");
+    let db = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new().filename(dir.0.join("orders.db")),
+    )
+    .await
+    .unwrap();
+    let mut records = -1;
+    for _ in 0..100 {
+        records = sqlx::query_scalar("SELECT count(*) FROM idempotency_records")
+            .fetch_one(&db)
+            .await
+            .unwrap();
+        if records == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(records, 0, "the sweeper purged the record within 10 s");
+    let (status, again, replayed) = replayed_header(&addr, "ttl-1").await;
+    assert_eq!(status, 201, "{again}");
+    assert!(!replayed, "after its TTL the key runs as new");
+    assert_ne!(again, first, "a new order");
+    stop(child).await;
+}
+
 /// `DATABASE_URL=sqlite:PATH` names the file.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

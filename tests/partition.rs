@@ -150,7 +150,10 @@ async fn a_silent_cut_costs_seconds_and_heals_at_once() {
     assert!(took <= BOUND, "start-up failed after {took:?}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.contains("10.77.0.2:5432"), "{stderr}");
-    eprintln!("start-up during the cut: failed after {took:?}: {}", stderr.trim());
+    eprintln!(
+        "start-up during the cut: failed after {took:?}: {}",
+        stderr.trim()
+    );
     let cut_for = cut_at.elapsed();
 
     net.heal();
