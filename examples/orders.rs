@@ -43,7 +43,8 @@
 //!
 //! `RECORD_TTL_SECS` sets how long a key's record is replayed (default 24 h);
 //! `SWEEP_INTERVAL_SECS` runs the crate's sweeper in this process at that interval, which
-//! purges a record once its TTL has passed. A key whose record was purged runs again as new.
+//! archives a record into `idempotency_records_archive` and purges it once its TTL has
+//! passed. A key whose record was purged runs again as new; its archived row stays.
 //!
 //! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
 //! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.

@@ -52,6 +52,7 @@ pub use crate::engine::key::{
     IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use crate::engine::policy::StoreDecision;
+pub use crate::engine::record::Archive;
 pub use crate::engine::view::{
     InboxFailures, MessageInfo, OutboxInfo, OutboxState, Overview, Page, RecordInfo, ResponseBody,
     StoredResponse,

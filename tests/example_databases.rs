@@ -260,11 +260,11 @@ async fn with_no_database_url_the_example_serves_on_orders_db_in_its_directory()
     stop(child).await;
 }
 
-/// `RECORD_TTL_SECS=2 SWEEP_INTERVAL_SECS=1`: a key's record is purged once its TTL has
-/// passed, and the key then runs again as a new request.
+/// `RECORD_TTL_SECS=2 SWEEP_INTERVAL_SECS=1`: a key's record is archived and purged once its
+/// TTL has passed, and the key then runs again as a new request; its archived row stays.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn record_ttl_and_sweep_interval_free_a_key_after_its_ttl() {
+async fn record_ttl_and_sweep_interval_archive_and_free_a_key() {
     let dir = TempDir::new();
     let env = [("RECORD_TTL_SECS", "2"), ("SWEEP_INTERVAL_SECS", "1")];
     let (child, addr) = start_in(&dir.0, &env).await;
@@ -289,10 +289,38 @@ async fn record_ttl_and_sweep_interval_free_a_key_after_its_ttl() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(records, 0, "the sweeper purged the record within 10 s");
+    let archived = async || -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM idempotency_records_archive")
+            .fetch_one(&db)
+            .await
+            .unwrap()
+    };
+    assert_eq!(
+        archived().await,
+        1,
+        "the purged record is in the archive, once"
+    );
     let (status, again, replayed) = replayed_header(&addr, "ttl-1").await;
     assert_eq!(status, 201, "{again}");
     assert!(!replayed, "after its TTL the key runs as new");
     assert_ne!(again, first, "a new order");
+    for _ in 0..100 {
+        if archived().await == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        archived().await,
+        2,
+        "the second record archived beside the first"
+    );
+    let bodies: Vec<Vec<u8>> =
+        sqlx::query_scalar("SELECT body FROM idempotency_records_archive ORDER BY created_at")
+            .fetch_all(&db)
+            .await
+            .unwrap();
+    assert_eq!(bodies, [first.into_bytes(), again.into_bytes()]);
     stop(child).await;
 }
 

@@ -599,7 +599,7 @@ async fn migrate_twice_at_once_and_check_schema() {
     assert_eq!(
         db.count("SELECT COUNT(*) FROM axum_idempotency_migrations")
             .await,
-        1
+        2
     );
     assert_eq!(
         db.count("SELECT COUNT(*) FROM idempotency_counters").await,

@@ -470,7 +470,7 @@ async fn migrate_twice_concurrently_and_refuse_what_cannot_work() {
     axum_idempotency::check_schema(&a).await.unwrap();
     assert_eq!(
         count(&a, "SELECT count(*) FROM axum_idempotency_migrations").await,
-        1
+        2
     );
     axum_idempotency::migrate(&a).await.unwrap();
 

@@ -1,12 +1,13 @@
 //! How long the orders examples keep records: `RECORD_TTL_SECS` sets the layer's record TTL
 //! (default 24 h), and `SWEEP_INTERVAL_SECS` runs a [`Sweeper`] in the process at that
-//! interval, purging a success as soon as its TTL has passed (no extra grace). A key whose
-//! record was purged runs again as a new request.
+//! interval, which archives a record into `idempotency_records_archive` and purges it as
+//! soon as its TTL has passed (no extra grace). A key whose record was purged runs again as
+//! a new request; its archived row stays.
 
 use std::time::Duration;
 
 use axum_idempotency::{
-    IdempotencyLayer, IntoStore, LeaseStore, MaintenanceStore, Sweeper, SweeperHandle,
+    Archive, IdempotencyLayer, IntoStore, LeaseStore, MaintenanceStore, Sweeper, SweeperHandle,
 };
 
 /// `RECORD_TTL_SECS` and `SWEEP_INTERVAL_SECS`, when set.
@@ -51,6 +52,7 @@ impl Retention {
             Sweeper::new(pool)
                 .interval(every)
                 .success_grace(Duration::ZERO)
+                .archive(Archive::Records)
                 .spawn(),
         )
     }

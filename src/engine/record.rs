@@ -314,6 +314,8 @@ pub enum SweepBatch {
     /// PROCESSING records whose lease ended more than this long ago become FAILED and
     /// retryable.
     MarkStaleFailed { after: Duration, limit: i64 },
+    /// Archived records archived more than this long ago.
+    PurgeArchive { older_than: Duration, limit: i64 },
 }
 
 /// Retention settings for one purge batch.
@@ -322,6 +324,30 @@ pub struct RetentionParams {
     pub(crate) success_grace: Duration,
     pub(crate) failure_retention: Duration,
     pub(crate) limit: i64,
+    /// Records only: write each purged record to `idempotency_records_archive` first, in
+    /// the same transaction.
+    pub(crate) archive: Option<Archive>,
+}
+
+/// What the [`Sweeper`](crate::Sweeper) keeps of a record it purges, in the table
+/// `idempotency_records_archive` (see [`Sweeper::archive`](crate::Sweeper::archive)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Archive {
+    /// The whole record, its stored response (status, headers and body; a body encrypted
+    /// at rest stays sealed under its key id) among it.
+    Records,
+    /// The record without its response headers and body: scope, key (when the layer
+    /// keeps it), fingerprint, status, state, fencing token and timestamps. For responses
+    /// that carry personal data.
+    Metadata,
+}
+
+impl Archive {
+    /// Whether the response's headers and body are archived.
+    pub(crate) fn keeps_response(self) -> bool {
+        self == Self::Records
+    }
 }
 
 /// Rows waiting on something, and how long the oldest has waited, in seconds: records

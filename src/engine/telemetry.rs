@@ -14,6 +14,7 @@
 //! | `idempotency_stale_processing` | gauge | | PROCESSING records past their lease (set by the sweeper) |
 //! | `idempotency_stale_processing_oldest_seconds` | gauge | | how long the oldest of them is past its lease |
 //! | `idempotency_purged_total` | counter | `table` | records purged by the sweeper |
+//! | `idempotency_archived_total` | counter | | records the sweeper wrote to `idempotency_records_archive` before purging them (with `Sweeper::archive`) |
 //! | `idempotency_stale_marked_failed_total` | counter | | stale PROCESSING records the sweeper marked FAILED |
 //! | `idempotency_sweeper_runs_total` | counter | | sweeper passes that completed |
 //! | `idempotency_sweeper_last_run_timestamp_seconds` | gauge | | Unix time at the end of the last completed sweeper pass |
@@ -35,6 +36,7 @@ pub(crate) const LEASE_TAKEOVERS: &str = "idempotency_lease_takeovers_total";
 pub(crate) const CLAIM_SECONDS: &str = "idempotency_claim_seconds";
 pub(crate) const COMMIT_SECONDS: &str = "idempotency_commit_seconds";
 pub(crate) const PURGED: &str = "idempotency_purged_total";
+pub(crate) const ARCHIVED: &str = "idempotency_archived_total";
 pub(crate) const STALE_PROCESSING: &str = "idempotency_stale_processing";
 pub(crate) const STALE_OLDEST_SECONDS: &str = "idempotency_stale_processing_oldest_seconds";
 pub(crate) const STALE_MARKED_FAILED: &str = "idempotency_stale_marked_failed_total";
@@ -113,6 +115,10 @@ pub(crate) fn commit_time(mode: &'static str, started: Instant) {
 
 pub(crate) fn purged(table: &'static str, rows: u64) {
     metrics::counter!(PURGED, "table" => table).increment(rows);
+}
+
+pub(crate) fn archived(rows: u64) {
+    metrics::counter!(ARCHIVED).increment(rows);
 }
 
 pub(crate) fn stale_processing(count: u64, oldest: Option<Duration>) {

@@ -32,6 +32,26 @@ enum Key {
     Message,
     /// `idempotency_outbox.seq`.
     Seq,
+    /// `idempotency_records_archive (id, created_at)`, the time as the `SELECT` formatted it.
+    Archived,
+}
+
+/// One statement a sweep batch runs for each locked key: `prefix`, the key's equality,
+/// `suffix`; the rows of the statements marked `counted` are the batch's.
+struct PerKey {
+    prefix: &'static str,
+    suffix: &'static str,
+    counted: bool,
+}
+
+impl PerKey {
+    const fn counted(prefix: &'static str) -> Self {
+        Self {
+            prefix,
+            suffix: "",
+            counted: true,
+        }
+    }
 }
 
 impl Key {
@@ -52,6 +72,21 @@ impl Key {
             }
             Self::Seq => {
                 let _ = write!(text, "seq = {}", row.try_get::<i64, _>(0)?);
+            }
+            Self::Archived => {
+                text.push_str("id = ");
+                push_hex(text, &row.try_get::<Vec<u8>, _>(0)?);
+                // `DATE_FORMAT`'s digits, dashes, colons, a space and a dot: nothing to escape.
+                let created: String = row.try_get(1)?;
+                if !created
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || b" -:.".contains(&b))
+                {
+                    return Err(::sqlx::Error::Protocol(format!(
+                        "unexpected archived created_at {created:?}"
+                    )));
+                }
+                let _ = write!(text, " AND created_at = '{created}'");
             }
         }
         Ok(())
@@ -80,7 +115,7 @@ impl MySqlStore {
         &self,
         select: Query<'static, MySql, MySqlArguments>,
         key: Key,
-        prefix: &str,
+        statements: &[PerKey],
     ) -> Result<u64, Error> {
         let mut conn = self.begin_internal(1).await?;
         let keys = select.fetch_all(conn.connection_mut()).await?;
@@ -90,16 +125,21 @@ impl MySqlStore {
         }
         let mut affected = 0;
         for chunk in keys.chunks(ROWS_PER_ROUND_TRIP) {
-            let mut text = String::new();
-            for row in chunk {
-                text.push_str(prefix);
-                key.push_condition(&mut text, row)?;
-                text.push_str(";\n");
+            for statement in statements {
+                let mut text = String::new();
+                for row in chunk {
+                    text.push_str(statement.prefix);
+                    key.push_condition(&mut text, row)?;
+                    text.push_str(statement.suffix);
+                    text.push_str(";\n");
+                }
+                let done = ::sqlx::raw_sql(AssertSqlSafe(text))
+                    .execute(conn.connection_mut())
+                    .await?;
+                if statement.counted {
+                    affected += done.rows_affected();
+                }
             }
-            affected += ::sqlx::raw_sql(AssertSqlSafe(text))
-                .execute(conn.connection_mut())
-                .await?
-                .rows_affected();
         }
         conn.finish(true).await?;
         Ok(affected)
@@ -112,14 +152,42 @@ impl MaintenanceStore for MySqlStore {
             SweepBatch::PurgeRecords(r)
             | SweepBatch::PurgeMessages(r)
             | SweepBatch::PurgeOutbox(r) => {
-                let (select, key, prefix) = match batch {
-                    SweepBatch::PurgeRecords(_) => {
-                        (sql::PURGE_RECORDS, Key::RecordId, sql::PURGE_RECORDS_ONE)
-                    }
-                    SweepBatch::PurgeMessages(_) => {
-                        (sql::PURGE_MESSAGES, Key::Message, sql::PURGE_MESSAGES_ONE)
-                    }
-                    _ => (sql::PURGE_OUTBOX, Key::Seq, sql::PURGE_OUTBOX_ONE),
+                const ARCHIVE_RECORDS: [PerKey; 2] = [
+                    PerKey {
+                        prefix: sql::ARCHIVE_RECORD_ONE,
+                        suffix: sql::ARCHIVE_ONE_SUFFIX,
+                        counted: false,
+                    },
+                    PerKey::counted(sql::PURGE_RECORDS_ONE),
+                ];
+                const ARCHIVE_METADATA: [PerKey; 2] = [
+                    PerKey {
+                        prefix: sql::ARCHIVE_METADATA_ONE,
+                        suffix: sql::ARCHIVE_ONE_SUFFIX,
+                        counted: false,
+                    },
+                    PerKey::counted(sql::PURGE_RECORDS_ONE),
+                ];
+                let (select, key, statements): (_, _, &[PerKey]) = match batch {
+                    SweepBatch::PurgeRecords(r) => (
+                        sql::PURGE_RECORDS,
+                        Key::RecordId,
+                        match r.archive {
+                            Some(archive) if archive.keeps_response() => &ARCHIVE_RECORDS,
+                            Some(_) => &ARCHIVE_METADATA,
+                            None => &[PerKey::counted(sql::PURGE_RECORDS_ONE)],
+                        },
+                    ),
+                    SweepBatch::PurgeMessages(_) => (
+                        sql::PURGE_MESSAGES,
+                        Key::Message,
+                        &[PerKey::counted(sql::PURGE_MESSAGES_ONE)],
+                    ),
+                    _ => (
+                        sql::PURGE_OUTBOX,
+                        Key::Seq,
+                        &[PerKey::counted(sql::PURGE_OUTBOX_ONE)],
+                    ),
                 };
                 let success = micros(r.success_grace);
                 let failure = micros(r.failure_retention);
@@ -129,15 +197,23 @@ impl MaintenanceStore for MySqlStore {
                     .bind(success)
                     .bind(failure)
                     .bind(r.limit);
-                self.sweep_locked(select, key, prefix).await
+                self.sweep_locked(select, key, statements).await
             }
             SweepBatch::MarkStaleFailed { after, limit } => {
                 let select = self
                     .query(sql::MARK_STALE_FAILED)
                     .bind(micros(after))
                     .bind(limit);
-                self.sweep_locked(select, Key::RecordId, sql::MARK_STALE_FAILED_ONE)
-                    .await
+                let statements = [PerKey::counted(sql::MARK_STALE_FAILED_ONE)];
+                self.sweep_locked(select, Key::RecordId, &statements).await
+            }
+            SweepBatch::PurgeArchive { older_than, limit } => {
+                let select = self
+                    .query(sql::PURGE_ARCHIVE)
+                    .bind(micros(older_than))
+                    .bind(limit);
+                let statements = [PerKey::counted(sql::PURGE_ARCHIVE_ONE)];
+                self.sweep_locked(select, Key::Archived, &statements).await
             }
         }
     }

@@ -230,6 +230,32 @@ pub(super) const PURGE_RECORDS: &str = "SELECT id FROM idempotency_records \
     ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
 /// Deletes one record [`PURGE_RECORDS`] locked, followed by its key's equality.
 pub(super) const PURGE_RECORDS_ONE: &str = "DELETE FROM idempotency_records WHERE ";
+/// Copies one record [`PURGE_RECORDS`] locked into the archive, before its delete:
+/// followed by its key's equality and [`ARCHIVE_ONE_SUFFIX`].
+pub(super) const ARCHIVE_RECORD_ONE: &str = "INSERT INTO idempotency_records_archive \
+    (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, state, \
+     retryable, fencing_token, created_at, updated_at, expires_at) \
+    SELECT id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, state, \
+     retryable, fencing_token, created_at, updated_at, expires_at \
+    FROM idempotency_records WHERE ";
+/// [`ARCHIVE_RECORD_ONE`] without the response's headers and body.
+pub(super) const ARCHIVE_METADATA_ONE: &str = "INSERT INTO idempotency_records_archive \
+    (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, state, \
+     retryable, fencing_token, created_at, updated_at, expires_at) \
+    SELECT id, scope, idempotency_key, fingerprint, status, NULL, NULL, NULL, state, \
+     retryable, fencing_token, created_at, updated_at, expires_at \
+    FROM idempotency_records WHERE ";
+/// A record archived before (a batch repeated) keeps its row.
+pub(super) const ARCHIVE_ONE_SUFFIX: &str =
+    " ON DUPLICATE KEY UPDATE archived_at = idempotency_records_archive.archived_at";
+/// The keys of archived records archived more than `?` microseconds ago, `?` at most,
+/// locked; the creation time formatted for [`PURGE_ARCHIVE_ONE`]'s equality.
+pub(super) const PURGE_ARCHIVE: &str = "SELECT id, \
+    DATE_FORMAT(created_at, '%Y-%m-%d %H:%i:%s.%f') FROM idempotency_records_archive \
+    WHERE archived_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+    ORDER BY archived_at LIMIT ? FOR UPDATE SKIP LOCKED";
+/// Deletes one archived record [`PURGE_ARCHIVE`] locked, followed by its key's equality.
+pub(super) const PURGE_ARCHIVE_ONE: &str = "DELETE FROM idempotency_records_archive WHERE ";
 /// The keys of expired inbox records, with the parameters of [`PURGE_RECORDS`].
 pub(super) const PURGE_MESSAGES: &str = "SELECT consumer_group, message_id FROM inbox_messages \
     WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \

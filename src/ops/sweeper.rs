@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::error::Error;
 use crate::engine::key::hex;
-use crate::engine::record::{RetentionParams, SweepBatch};
+use crate::engine::record::{Archive, RetentionParams, SweepBatch};
 use crate::engine::telemetry;
 use crate::store::{IntoStore, MaintenanceStore, Store};
 
@@ -72,7 +72,8 @@ const STALE_IDS_LOGGED: i64 = 10;
 ///
 /// | name | kind | labels | meaning |
 /// | --- | --- | --- | --- |
-/// | `idempotency_purged_total` | counter | `table` = `idempotency_records` or `inbox_messages` | rows deleted |
+/// | `idempotency_purged_total` | counter | `table` = `idempotency_records`, `inbox_messages`, `idempotency_outbox` or `idempotency_records_archive` | rows deleted |
+/// | `idempotency_archived_total` | counter | | records written to the archive before they were purged ([`archive`](Sweeper::archive)) |
 /// | `idempotency_stale_processing` | gauge | | PROCESSING records past their lease |
 /// | `idempotency_stale_processing_oldest_seconds` | gauge | | how long ago the oldest of them lost its lease (0 when none) |
 /// | `idempotency_stale_marked_failed_total` | counter | | stale records marked FAILED and retryable |
@@ -133,6 +134,8 @@ struct SweeperConfig<D> {
     outbox_sent_retention: Duration,
     outbox_failed_retention: Duration,
     mark_stale_failed_after: Option<Duration>,
+    archive: Option<Archive>,
+    archive_retention: Option<Duration>,
 }
 
 /// What one [`Sweeper::run_once`] did.
@@ -145,6 +148,12 @@ pub struct SweepReport {
     pub purged_messages: u64,
     /// Settled rows deleted from `idempotency_outbox`.
     pub purged_outbox: u64,
+    /// Of `purged_records`, those written to `idempotency_records_archive` first (all of
+    /// them with [`Sweeper::archive`], none without).
+    pub archived_records: u64,
+    /// Rows deleted from `idempotency_records_archive` past
+    /// [`archive_retention`](Sweeper::archive_retention).
+    pub purged_archive: u64,
     /// PROCESSING records past their lease, counted before any was marked FAILED.
     pub stale_processing: u64,
     /// How long ago the oldest of them lost its lease.
@@ -167,6 +176,8 @@ impl<D: MaintenanceStore> Sweeper<D> {
                 outbox_sent_retention: Duration::from_secs(24 * 3600),
                 outbox_failed_retention: Duration::from_secs(30 * 24 * 3600),
                 mark_stale_failed_after: None,
+                archive: None,
+                archive_retention: None,
             }),
         }
     }
@@ -174,6 +185,38 @@ impl<D: MaintenanceStore> Sweeper<D> {
     fn with(mut self, f: impl FnOnce(&mut SweeperConfig<D>)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
+    }
+
+    /// Archives every record before purging it: the batch writes its records to
+    /// `idempotency_records_archive` (created by [`migrate`](crate::migrate), schema
+    /// version 2) and deletes them from `idempotency_records` in one transaction, so a
+    /// record is never gone from both, and a batch repeated after a crash adds no second
+    /// copy (the archive's key is the record's id and creation time). A key used again
+    /// after its record was purged runs as new, and its second record is archived beside
+    /// the first. `what` says whether the stored response is kept ([`Archive::Records`]) or
+    /// left out ([`Archive::Metadata`]). Default: no archive, purged records are deleted.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use axum_idempotency::{Archive, Sweeper};
+    ///
+    /// # async fn run(pool: deadpool_postgres::Pool) {
+    /// let sweeper = Sweeper::new(pool)
+    ///     .archive(Archive::Metadata)
+    ///     .archive_retention(Duration::from_secs(365 * 24 * 3600))
+    ///     .spawn();
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn archive(self, what: Archive) -> Self {
+        self.with(|c| c.archive = Some(what))
+    }
+
+    /// Deletes archived records once they were archived this long ago. Default: archived
+    /// records are kept.
+    #[must_use]
+    pub fn archive_retention(self, retention: Duration) -> Self {
+        self.with(|c| c.archive_retention = Some(retention))
     }
 
     /// Time between two runs of a [`spawn`](Self::spawn)ed sweeper; the first run starts at
@@ -262,16 +305,38 @@ impl<D: MaintenanceStore> Sweeper<D> {
             success_grace: config.success_grace,
             failure_retention: config.failure_retention,
             limit,
+            archive: None,
         };
 
-        let purged_records = self.batches(SweepBatch::PurgeRecords(retention)).await?;
+        let records = RetentionParams {
+            archive: config.archive,
+            ..retention
+        };
+        let purged_records = self.batches(SweepBatch::PurgeRecords(records)).await?;
         telemetry::purged("idempotency_records", purged_records);
+        let archived_records = if config.archive.is_some() {
+            telemetry::archived(purged_records);
+            purged_records
+        } else {
+            0
+        };
+        let purged_archive = match config.archive_retention {
+            Some(older_than) => {
+                let purged = self
+                    .batches(SweepBatch::PurgeArchive { older_than, limit })
+                    .await?;
+                telemetry::purged("idempotency_records_archive", purged);
+                purged
+            }
+            None => 0,
+        };
         let purged_messages = self.batches(SweepBatch::PurgeMessages(retention)).await?;
         telemetry::purged("inbox_messages", purged_messages);
         let outbox = RetentionParams {
             success_grace: config.outbox_sent_retention,
             failure_retention: config.outbox_failed_retention,
             limit,
+            archive: None,
         };
         let purged_outbox = self.batches(SweepBatch::PurgeOutbox(outbox)).await?;
         telemetry::purged("idempotency_outbox", purged_outbox);
@@ -296,6 +361,8 @@ impl<D: MaintenanceStore> Sweeper<D> {
             purged_records,
             purged_messages,
             purged_outbox,
+            archived_records,
+            purged_archive,
             stale_processing,
             oldest_stale,
             marked_failed,

@@ -14,6 +14,26 @@ impl MaintenanceStore for PgStore {
         let conn = self.checkout().await?;
         let db = self.db(&*conn);
         let affected = match batch {
+            SweepBatch::PurgeRecords(r) if r.archive.is_some() => {
+                let success = r.success_grace.as_secs_f64();
+                let failure = r.failure_retention.as_secs_f64();
+                let earliest = success.min(failure);
+                let keep = r.archive.is_some_and(|a| a.keeps_response());
+                let statement = db.prepare(&statement::PURGE_RECORDS_ARCHIVING).await?;
+                let purged: i64 = db
+                    .query_one(
+                        &statement,
+                        &[&success, &failure, &earliest, &r.limit, &keep],
+                    )
+                    .await?
+                    .try_get(0)?;
+                purged as u64
+            }
+            SweepBatch::PurgeArchive { older_than, limit } => {
+                let statement = db.prepare(&statement::PURGE_ARCHIVE).await?;
+                db.execute(&statement, &[&older_than.as_secs_f64(), &limit])
+                    .await?
+            }
             SweepBatch::PurgeRecords(r)
             | SweepBatch::PurgeMessages(r)
             | SweepBatch::PurgeOutbox(r) => {

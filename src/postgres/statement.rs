@@ -128,6 +128,20 @@ pub(crate) const PURGE_RECORDS: Sql = Sql {
     text: sql::PURGE_RECORDS,
     types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
 };
+pub(crate) const PURGE_RECORDS_ARCHIVING: Sql = Sql {
+    text: sql::PURGE_RECORDS_ARCHIVING,
+    types: &[
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::INT8,
+        Type::BOOL,
+    ],
+};
+pub(crate) const PURGE_ARCHIVE: Sql = Sql {
+    text: sql::PURGE_ARCHIVE,
+    types: &[Type::FLOAT8, Type::INT8],
+};
 pub(crate) const PURGE_MESSAGES: Sql = Sql {
     text: sql::PURGE_MESSAGES,
     types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
@@ -265,6 +279,8 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
     &INBOX_RECORD_SUCCESS,
     &INBOX_RECORD_FAILURE,
     &PURGE_RECORDS,
+    &PURGE_RECORDS_ARCHIVING,
+    &PURGE_ARCHIVE,
     &PURGE_MESSAGES,
     &STALE_SUMMARY,
     &STALE_IDS,
@@ -464,7 +480,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 42);
+        assert_eq!(checked, 44);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await

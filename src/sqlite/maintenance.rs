@@ -7,13 +7,75 @@ use ::sqlx::Row;
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Backlog, StoredRow, SweepBatch};
+use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::RecordInfo;
 use crate::store::{MaintenanceStore, rows};
+
+impl SqliteStore {
+    /// An archiving batch: under the write lock (`BEGIN IMMEDIATE`), the batch's rowids,
+    /// their records copied into the archive, the same rows deleted, `COMMIT` — so a record
+    /// is in one table or the other, never neither; the rows purged.
+    async fn purge_archiving(&self, r: RetentionParams) -> Result<u64, Error> {
+        use std::fmt::Write as _;
+
+        let success = r.success_grace.as_secs_f64();
+        let failure = r.failure_retention.as_secs_f64();
+        let mut tx = self.pool.begin_with(sql::BEGIN_IMMEDIATE).await?;
+        let rowids: Vec<i64> = self
+            .query(sql::EXPIRED_RECORD_ROWIDS)
+            .bind(success)
+            .bind(failure)
+            .bind(success.min(failure))
+            .bind(r.limit)
+            .fetch_all(&mut *tx)
+            .await?
+            .iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()?;
+        if rowids.is_empty() {
+            tx.rollback().await?;
+            return Ok(0);
+        }
+        // Integers the database returned: nothing of anyone's reaches the text.
+        let mut list = String::from("(");
+        for (i, rowid) in rowids.iter().enumerate() {
+            let _ = write!(list, "{}{rowid}", if i == 0 { "" } else { "," });
+        }
+        list.push(')');
+        let response = if r.archive.is_some_and(|a| a.keeps_response()) {
+            "headers, body, body_key_id"
+        } else {
+            "NULL, NULL, NULL"
+        };
+        let archive = format!(
+            "{}{list}{}",
+            sql::ARCHIVE_RECORDS.replace("{response}", response),
+            sql::ARCHIVE_SUFFIX
+        );
+        ::sqlx::raw_sql(::sqlx::AssertSqlSafe(archive))
+            .execute(&mut *tx)
+            .await?;
+        let deleted = ::sqlx::raw_sql(::sqlx::AssertSqlSafe(format!(
+            "DELETE FROM idempotency_records WHERE rowid IN {list}"
+        )))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(deleted)
+    }
+}
 
 impl MaintenanceStore for SqliteStore {
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
         let query = match batch {
+            SweepBatch::PurgeRecords(r) if r.archive.is_some() => {
+                return self.purge_archiving(r).await;
+            }
+            SweepBatch::PurgeArchive { older_than, limit } => self
+                .query(sql::PURGE_ARCHIVE)
+                .bind(older_than.as_secs_f64())
+                .bind(limit),
             SweepBatch::PurgeRecords(r)
             | SweepBatch::PurgeMessages(r)
             | SweepBatch::PurgeOutbox(r) => {

@@ -116,6 +116,31 @@ pub(super) const PURGE_RECORDS: &str = "DELETE FROM idempotency_records WHERE ro
                     OR locked_until <= unixepoch('subsec')) \
           END \
     LIMIT ?4)";
+/// The rowids of the records [`PURGE_RECORDS`] would purge, with its parameters: an
+/// archiving batch reads them under the write lock, then archives and deletes exactly those.
+pub(super) const EXPIRED_RECORD_ROWIDS: &str = "SELECT rowid FROM idempotency_records \
+    WHERE expires_at <= unixepoch('subsec') - ?3 \
+      AND CASE state \
+          WHEN 'SUCCESS' THEN expires_at <= unixepoch('subsec') - ?1 \
+          ELSE expires_at <= unixepoch('subsec') - ?2 \
+               AND (state = 'FAILED' OR locked_until IS NULL \
+                    OR locked_until <= unixepoch('subsec')) \
+          END \
+    LIMIT ?4";
+/// Copies records into the archive (a record archived before keeps its row), followed by
+/// `(rowid, …))` and [`ARCHIVE_SUFFIX`]; `{response}` is `headers, body, body_key_id` or
+/// `NULL, NULL, NULL`.
+pub(super) const ARCHIVE_RECORDS: &str = "INSERT INTO idempotency_records_archive \
+    (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, state, \
+     retryable, fencing_token, created_at, updated_at, expires_at) \
+    SELECT id, scope, idempotency_key, fingerprint, status, {response}, state, \
+     retryable, fencing_token, created_at, updated_at, expires_at \
+    FROM idempotency_records WHERE rowid IN ";
+pub(super) const ARCHIVE_SUFFIX: &str = " ON CONFLICT (id, created_at) DO NOTHING";
+/// Archived records archived more than `?1` seconds ago, `?2` at most.
+pub(super) const PURGE_ARCHIVE: &str = "DELETE FROM idempotency_records_archive \
+    WHERE rowid IN (SELECT rowid FROM idempotency_records_archive \
+      WHERE archived_at <= unixepoch('subsec') - ?1 LIMIT ?2)";
 /// As `PURGE_MESSAGES`, with the parameters of [`PURGE_RECORDS`].
 pub(super) const PURGE_MESSAGES: &str = "DELETE FROM inbox_messages WHERE rowid IN ( \
     SELECT rowid FROM inbox_messages \

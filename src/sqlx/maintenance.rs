@@ -13,6 +13,25 @@ use crate::store::{MaintenanceStore, rows, sql};
 impl MaintenanceStore for SqlxStore {
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
         let query = match batch {
+            SweepBatch::PurgeRecords(r) if r.archive.is_some() => {
+                let success = r.success_grace.as_secs_f64();
+                let failure = r.failure_retention.as_secs_f64();
+                let purged: i64 = self
+                    .query(sql::PURGE_RECORDS_ARCHIVING)
+                    .bind(success)
+                    .bind(failure)
+                    .bind(success.min(failure))
+                    .bind(r.limit)
+                    .bind(r.archive.is_some_and(|a| a.keeps_response()))
+                    .fetch_one(&self.pool)
+                    .await?
+                    .try_get(0)?;
+                return Ok(purged as u64);
+            }
+            SweepBatch::PurgeArchive { older_than, limit } => self
+                .query(sql::PURGE_ARCHIVE)
+                .bind(older_than.as_secs_f64())
+                .bind(limit),
             SweepBatch::PurgeRecords(r)
             | SweepBatch::PurgeMessages(r)
             | SweepBatch::PurgeOutbox(r) => {

@@ -11,27 +11,48 @@ pub(crate) struct Migration {
 
 /// PostgreSQL's, in `migrations/`. Append-only: a released file never changes, a new one
 /// gets the next number. Every database has the same versions, each in its own dialect.
-pub(crate) const POSTGRES: &[Migration] = &[Migration {
-    version: 1,
-    name: "schema",
-    sql: include_str!("../../migrations/0001_schema.sql"),
-}];
+pub(crate) const POSTGRES: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "schema",
+        sql: include_str!("../../migrations/0001_schema.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "archive",
+        sql: include_str!("../../migrations/0002_archive.sql"),
+    },
+];
 
 /// MySQL/MariaDB's, in `migrations/mysql/`.
 #[cfg(feature = "mysql")]
-pub(crate) const MYSQL: &[Migration] = &[Migration {
-    version: 1,
-    name: "schema",
-    sql: include_str!("../../migrations/mysql/0001_schema.sql"),
-}];
+pub(crate) const MYSQL: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "schema",
+        sql: include_str!("../../migrations/mysql/0001_schema.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "archive",
+        sql: include_str!("../../migrations/mysql/0002_archive.sql"),
+    },
+];
 
 /// SQLite's, in `migrations/sqlite/`.
 #[cfg(feature = "sqlite")]
-pub(crate) const SQLITE: &[Migration] = &[Migration {
-    version: 1,
-    name: "schema",
-    sql: include_str!("../../migrations/sqlite/0001_schema.sql"),
-}];
+pub(crate) const SQLITE: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "schema",
+        sql: include_str!("../../migrations/sqlite/0001_schema.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "archive",
+        sql: include_str!("../../migrations/sqlite/0002_archive.sql"),
+    },
+];
 
 /// Advisory lock that serialises concurrent `migrate` calls (any schema, one database).
 #[cfg_attr(not(any(feature = "postgres", feature = "sqlx")), allow(dead_code))]

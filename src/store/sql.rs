@@ -141,19 +141,53 @@ pub(crate) const INBOX_RECORD_FAILURE: &str = "INSERT INTO inbox_messages AS m \
     WHERE m.status = 'FAILED' OR m.expires_at <= now() \
     RETURNING attempts";
 
+/// The ids of a batch of records [`PURGE_RECORDS`] purges, locked.
+macro_rules! expired_records {
+    () => {
+        "SELECT id FROM idempotency_records \
+         WHERE expires_at <= now() - make_interval(secs => $3) \
+           AND CASE state \
+               WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
+               ELSE expires_at <= now() - make_interval(secs => $2) \
+                    AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= now()) \
+               END \
+         LIMIT $4 FOR UPDATE SKIP LOCKED"
+    };
+}
+
 /// Expired records past their state's retention. `$1` success grace, `$2` failure retention
 /// (seconds), `$3` the smaller of the two (lets the `expires_at` index narrow the scan),
 /// `$4` batch size. A PROCESSING record goes only once its lease has lapsed too, and is kept
 /// as long as a failure: it is an attempt that never finished.
-pub(crate) const PURGE_RECORDS: &str = "DELETE FROM idempotency_records WHERE id IN ( \
-    SELECT id FROM idempotency_records \
-    WHERE expires_at <= now() - make_interval(secs => $3) \
-      AND CASE state \
-          WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
-          ELSE expires_at <= now() - make_interval(secs => $2) \
-               AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= now()) \
-          END \
-    LIMIT $4 FOR UPDATE SKIP LOCKED)";
+pub(crate) const PURGE_RECORDS: &str = concat!(
+    "DELETE FROM idempotency_records WHERE id IN (",
+    expired_records!(),
+    ")"
+);
+
+/// [`PURGE_RECORDS`] that writes each record it purges to `idempotency_records_archive` in
+/// the same statement — so in the same transaction — its headers and body only when `$5`
+/// (a record archived before keeps its row: the key is `(id, created_at)`); one row, the
+/// number purged.
+pub(crate) const PURGE_RECORDS_ARCHIVING: &str = concat!(
+    "WITH purged AS (DELETE FROM idempotency_records WHERE id IN (",
+    expired_records!(),
+    ") RETURNING id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, \
+       state, retryable, fencing_token, created_at, updated_at, expires_at), \
+     archived AS (INSERT INTO idempotency_records_archive (id, scope, idempotency_key, \
+       fingerprint, status, headers, body, body_key_id, state, retryable, fencing_token, \
+       created_at, updated_at, expires_at) \
+       SELECT id, scope, idempotency_key, fingerprint, status, CASE WHEN $5 THEN headers END, \
+         CASE WHEN $5 THEN body END, CASE WHEN $5 THEN body_key_id END, state, retryable, \
+         fencing_token, created_at, updated_at, expires_at FROM purged \
+       ON CONFLICT (id, created_at) DO NOTHING) \
+     SELECT count(*) FROM purged"
+);
+/// Archived records archived more than `$1` seconds ago, `$2` at most.
+pub(crate) const PURGE_ARCHIVE: &str = "DELETE FROM idempotency_records_archive \
+    WHERE (id, created_at) IN (SELECT id, created_at FROM idempotency_records_archive \
+      WHERE archived_at <= now() - make_interval(secs => $1) \
+      LIMIT $2 FOR UPDATE SKIP LOCKED)";
 /// Expired inbox records, with the same parameters as [`PURGE_RECORDS`].
 pub(crate) const PURGE_MESSAGES: &str = "DELETE FROM inbox_messages \
     WHERE (consumer_group, message_id) IN ( \
