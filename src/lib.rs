@@ -54,8 +54,8 @@ pub use crate::engine::key::{
 pub use crate::engine::policy::StoreDecision;
 pub use crate::engine::record::Archive;
 pub use crate::engine::view::{
-    InboxFailures, MessageInfo, OutboxInfo, OutboxState, Overview, Page, RecordInfo, ResponseBody,
-    StoredResponse,
+    ArchivedRecord, InboxFailures, MessageInfo, OutboxInfo, OutboxState, Overview, Page,
+    RecordInfo, ResponseBody, StoredResponse,
 };
 pub use crate::http::lease::IdempotentLease;
 pub use crate::http::rejection::{Rejection, RejectionKind};

@@ -324,6 +324,45 @@ async fn record_ttl_and_sweep_interval_archive_and_free_a_key() {
     stop(child).await;
 }
 
+/// The console finds a key whose record was archived: its key page lists the archived
+/// record, with the size of the response kept.
+#[cfg(all(feature = "sqlite", feature = "console"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_shows_an_archived_key() {
+    let dir = TempDir::new();
+    let env = [
+        ("RECORD_TTL_SECS", "1"),
+        ("SWEEP_INTERVAL_SECS", "1"),
+        ("ADMIN_PASSWORD", "secret"),
+    ];
+    let (child, addr) = start_in(&dir.0, &env).await;
+    assert_eq!(http(&addr, &post_order("archived-1", 7)).await.0, 201);
+    let page = || {
+        http(
+            &addr,
+            "GET /admin/key?scope=1001&key=archived-1 HTTP/1.1\r\nhost: x\r\n\
+             connection: close\r\nauthorization: Basic YWRtaW46c2VjcmV0\r\n\r\n",
+        )
+    };
+    let mut last = String::new();
+    for _ in 0..100 {
+        let (status, body) = page().await;
+        assert_eq!(status, 200, "{body}");
+        last = body;
+        if last.contains("id=\"archived\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(last.contains("No record for key"), "{last}");
+    assert!(
+        last.contains("id=\"archived\""),
+        "the archived record listed: {last}"
+    );
+    assert!(last.contains("bytes kept"), "{last}");
+    stop(child).await;
+}
+
 /// `DATABASE_URL=sqlite:PATH` names the file.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -550,6 +550,58 @@ where
     assert_eq!(archived(&db, "old", false).await, 0);
 }
 
+/// A key's record archived, then the key used again and its second record archived too:
+/// `Admin::archived` finds both, newest first, as they were, while `lookup` finds none.
+async fn admin_finds_the_archived_records_of_a_key<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(4).await;
+    let app = router(
+        Arc::new(Knobs::default()),
+        scoped(
+            IdempotencyLayer::new(D::pool(&db))
+                .store_raw_key(true)
+                .ttl(Duration::from_millis(1)),
+        ),
+    );
+    let sweeper = Sweeper::new(D::pool(&db)).archive(Archive::Records);
+    let admin = Admin::new(D::pool(&db));
+    let mut answers = Vec::new();
+    for amount in [5, 6] {
+        let answer = send(&app, scoped_request("alice", "order-1", amount)).await;
+        assert_eq!(answer.status, 201);
+        answers.push(answer);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let report = sweeper.run_once().await.unwrap();
+        assert_eq!(report.archived_records, 1, "{report:?}");
+    }
+    assert_eq!(admin.lookup("alice", "order-1").await.unwrap(), None);
+    let archived = admin.archived("alice", "\"order-1\"").await.unwrap();
+    assert_eq!(archived.len(), 2, "{archived:?}");
+    for (found, answer) in archived.iter().zip(answers.iter().rev()) {
+        assert_eq!(found.record.scope, "alice");
+        assert_eq!(found.record.key.as_deref(), Some("order-1"));
+        assert_eq!(
+            (found.record.state.as_str(), found.record.status),
+            ("SUCCESS", 201)
+        );
+        assert_eq!(found.record.locked_until, None);
+        assert!(found.response_kept);
+        assert!(
+            found.record.response_bytes >= answer.body.len(),
+            "{found:?}"
+        );
+        assert!(found.archived_at >= found.record.created_at, "{found:?}");
+    }
+    assert!(archived[0].record.created_at > archived[1].record.created_at);
+    assert_ne!(
+        archived[0].record.fingerprint,
+        archived[1].record.fingerprint
+    );
+    assert!(admin.archived("bob", "order-1").await.unwrap().is_empty());
+}
+
 async fn success_is_purged_after_its_grace_and_failures_after_their_retention<D: Driver>()
 where
     D::Db: Fixtures,
@@ -1132,6 +1184,8 @@ for_each_database! {
     async a_metadata_archive_leaves_the_response_out;
     #[tokio::test]
     async archived_records_are_purged_after_their_own_retention;
+    #[tokio::test]
+    async admin_finds_the_archived_records_of_a_key;
     #[tokio::test]
     async success_is_purged_after_its_grace_and_failures_after_their_retention;
     #[tokio::test]

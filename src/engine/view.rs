@@ -39,6 +39,21 @@ pub struct RecordInfo {
     pub response_bytes: usize,
 }
 
+/// A record the [`Sweeper`](crate::Sweeper) archived, as
+/// [`Admin::archived`](crate::Admin::archived) shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ArchivedRecord {
+    /// The record as it was when it was purged (`locked_until` is not archived:
+    /// always `None`).
+    pub record: RecordInfo,
+    /// When the sweeper archived it.
+    pub archived_at: SystemTime,
+    /// Whether its stored response (headers and body) was archived with it
+    /// ([`Archive::Records`](crate::Archive::Records)).
+    pub response_kept: bool,
+}
+
 /// A consumed message's inbox record, as [`Admin`](crate::Admin) shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -15,7 +15,7 @@ use super::sql;
 use crate::engine::error::Error;
 use crate::engine::key::{RecordId, hex};
 use crate::engine::record::{Backlog, StoredRow, SweepBatch};
-use crate::engine::view::RecordInfo;
+use crate::engine::view::{ArchivedRecord, RecordInfo};
 use crate::store::{MaintenanceStore, rows};
 
 /// Rows settled per round trip: a batch's statements are sent as one multi-statement text
@@ -230,6 +230,11 @@ impl MaintenanceStore for MySqlStore {
     async fn record_info(&self, id: RecordId) -> Result<Option<RecordInfo>, Error> {
         let query = self.query(sql::ADMIN_RECORD).bind(&id.as_bytes()[..]);
         Ok(self.rows(query, rows::record_info).await?.pop())
+    }
+
+    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+        let query = self.query(sql::ADMIN_ARCHIVED).bind(&id.as_bytes()[..]);
+        self.rows(query, rows::archived_record).await
     }
 
     async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {

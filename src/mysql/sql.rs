@@ -395,6 +395,19 @@ macro_rules! record_info {
 /// Admin: a record by id. `?` id.
 pub(super) const ADMIN_RECORD: &str =
     concat!(record_info!(), " FROM idempotency_records WHERE id = ?");
+/// Admin: a record's archived copies, newest first (`rows::archived_record`). `?` id.
+pub(super) const ADMIN_ARCHIVED: &str = concat!(
+    "SELECT id, scope, idempotency_key, state, retryable, status, fingerprint, fencing_token, ",
+    epoch!("created_at"),
+    ", ",
+    epoch!("updated_at"),
+    ", ",
+    epoch!("expires_at"),
+    ", CAST(NULL AS DOUBLE), CAST(COALESCE(LENGTH(headers) + LENGTH(body), 0) AS SIGNED), ",
+    epoch!("archived_at"),
+    ", CAST(LENGTH(body) AS DOUBLE) FROM idempotency_records_archive WHERE id = ? \
+     ORDER BY created_at DESC"
+);
 /// Admin: stale leases. `?` limit.
 pub(super) const ADMIN_STALE: &str = concat!(
     record_info!(),

@@ -13,7 +13,8 @@ use crate::engine::error::Error;
 use crate::engine::key::{IdempotencyKey, RecordId};
 use crate::engine::record::decode_headers;
 use crate::engine::view::{
-    MessageInfo, OutboxInfo, OutboxState, Overview, Page, RecordInfo, ResponseBody, StoredResponse,
+    ArchivedRecord, MessageInfo, OutboxInfo, OutboxState, Overview, Page, RecordInfo, ResponseBody,
+    StoredResponse,
 };
 use crate::ops::sweeper::{SweepReport, Sweeper};
 use crate::store::{InboxStore, IntoStore, MaintenanceStore, OutboxStore, Store};
@@ -224,6 +225,27 @@ impl<D: MaintenanceStore> Admin<D> {
         let key = IdempotencyKey::parse(key.as_bytes()).map_err(Error::InvalidKey)?;
         let id = RecordId::from_parts(scope, key.as_str());
         self.store.record_info(id).await
+    }
+
+    /// The archived records of a key (see [`Sweeper::archive`](crate::Sweeper::archive)),
+    /// the most recently created first: a key used again after its purge has several.
+    /// Found whether or not the key has a live record ([`lookup`](Self::lookup)); the same
+    /// key forms are accepted.
+    ///
+    /// ```no_run
+    /// # async fn run(admin: axum_idempotency::Admin<axum_idempotency::postgres::PgStore>) -> Result<(), axum_idempotency::Error> {
+    /// for archived in admin.archived("1001", "order-42").await? {
+    ///     println!(
+    ///         "answered {} at {:?}, archived at {:?}",
+    ///         archived.record.status, archived.record.created_at, archived.archived_at
+    ///     );
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn archived(&self, scope: &str, key: &str) -> Result<Vec<ArchivedRecord>, Error> {
+        let key = IdempotencyKey::parse(key.as_bytes()).map_err(Error::InvalidKey)?;
+        let id = RecordId::from_parts(scope, key.as_str());
+        self.store.archived_records(id).await
     }
 
     /// PROCESSING records whose lease has run out, the longest-expired lease first, at most

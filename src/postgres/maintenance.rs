@@ -6,7 +6,7 @@ use super::statement;
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, StoredRow, SweepBatch};
-use crate::engine::view::RecordInfo;
+use crate::engine::view::{ArchivedRecord, RecordInfo};
 use crate::store::{MaintenanceStore, rows};
 
 impl MaintenanceStore for PgStore {
@@ -72,6 +72,11 @@ impl MaintenanceStore for PgStore {
             .rows(&statement::ADMIN_RECORD, &[&id], rows::record_info)
             .await?
             .pop())
+    }
+
+    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+        self.rows(&statement::ADMIN_ARCHIVED, &[&id], rows::archived_record)
+            .await
     }
 
     async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {

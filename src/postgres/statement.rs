@@ -162,6 +162,10 @@ pub(crate) const ADMIN_RECORD: Sql = Sql {
     text: sql::ADMIN_RECORD,
     types: &[Type::UUID],
 };
+pub(crate) const ADMIN_ARCHIVED: Sql = Sql {
+    text: sql::ADMIN_ARCHIVED,
+    types: &[Type::UUID],
+};
 pub(crate) const ADMIN_STALE: Sql = Sql {
     text: sql::ADMIN_STALE,
     types: &[Type::INT8],
@@ -286,6 +290,7 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
     &STALE_IDS,
     &MARK_STALE_FAILED,
     &ADMIN_RECORD,
+    &ADMIN_ARCHIVED,
     &ADMIN_STALE,
     &ADMIN_MESSAGE,
     &ADMIN_FAILED_MESSAGES,
@@ -480,7 +485,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 44);
+        assert_eq!(checked, 45);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await

@@ -8,7 +8,7 @@ use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
-use crate::engine::view::RecordInfo;
+use crate::engine::view::{ArchivedRecord, RecordInfo};
 use crate::store::{MaintenanceStore, rows};
 
 impl SqliteStore {
@@ -117,6 +117,14 @@ impl MaintenanceStore for SqliteStore {
             )
             .await?
             .pop())
+    }
+
+    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+        self.rows(
+            self.query(sql::ADMIN_ARCHIVED).bind(&id.as_bytes()[..]),
+            rows::archived_record,
+        )
+        .await
     }
 
     async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {

@@ -7,7 +7,7 @@ use super::SqlxStore;
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, StoredRow, SweepBatch};
-use crate::engine::view::RecordInfo;
+use crate::engine::view::{ArchivedRecord, RecordInfo};
 use crate::store::{MaintenanceStore, rows, sql};
 
 impl MaintenanceStore for SqlxStore {
@@ -70,6 +70,14 @@ impl MaintenanceStore for SqlxStore {
             .rows(self.query(sql::ADMIN_RECORD).bind(id), rows::record_info)
             .await?
             .pop())
+    }
+
+    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+        self.rows(
+            self.query(sql::ADMIN_ARCHIVED).bind(id),
+            rows::archived_record,
+        )
+        .await
     }
 
     async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {

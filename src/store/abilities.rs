@@ -12,7 +12,7 @@ use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement};
 use crate::engine::record::{
     Backlog, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord, StoredRow, SweepBatch,
 };
-use crate::engine::view::{InboxFailures, MessageInfo, OutboxInfo, RecordInfo};
+use crate::engine::view::{ArchivedRecord, InboxFailures, MessageInfo, OutboxInfo, RecordInfo};
 
 /// Lease mode ([`IdempotentLease`](crate::IdempotentLease)): a PROCESSING record committed
 /// before the handler runs, and its fenced completion. The layer asks for it, since any
@@ -188,6 +188,13 @@ pub trait MaintenanceStore: Store {
     /// Ids of the stalest PROCESSING records, the stalest first.
     #[doc(hidden)]
     fn stale_ids(&self, limit: i64) -> impl Future<Output = Result<Vec<Vec<u8>>, Error>> + Send;
+
+    /// The archived records of `id`, the most recently created first.
+    #[doc(hidden)]
+    fn archived_records(
+        &self,
+        id: RecordId,
+    ) -> impl Future<Output = Result<Vec<ArchivedRecord>, Error>> + Send;
 
     #[doc(hidden)]
     fn record_info(

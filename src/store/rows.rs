@@ -5,7 +5,7 @@
 use crate::engine::key::hex;
 use crate::engine::record::{RecordRow, StoredRow};
 use crate::engine::view::InboxFailures;
-use crate::engine::view::{MessageInfo, OutboxInfo, RecordInfo, epoch};
+use crate::engine::view::{ArchivedRecord, MessageInfo, OutboxInfo, RecordInfo, epoch};
 
 /// A driver's result row, read by column position.
 pub(crate) trait Row {
@@ -80,6 +80,16 @@ pub(crate) fn record_info<R: Row>(row: &R) -> Result<RecordInfo, R::Error> {
         expires_at: epoch(row.f64(10)?),
         locked_until: row.opt_f64(11)?.map(epoch),
         response_bytes: usize::try_from(row.i64(12)?).unwrap_or(usize::MAX),
+    })
+}
+
+/// The columns of an archived-record query: [`record_info`]'s, then `archived_at` (epoch
+/// seconds) and the archived body's length as a nullable float (`NULL`: not kept).
+pub(crate) fn archived_record<R: Row>(row: &R) -> Result<ArchivedRecord, R::Error> {
+    Ok(ArchivedRecord {
+        record: record_info(row)?,
+        archived_at: epoch(row.f64(13)?),
+        response_kept: row.opt_f64(14)?.is_some(),
     })
 }
 

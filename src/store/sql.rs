@@ -314,6 +314,14 @@ macro_rules! select_message {
 
 /// Admin: a record by id. `$1` record id.
 pub(crate) const ADMIN_RECORD: &str = select_record!("WHERE id = $1");
+/// Admin: a record's archived copies, newest first (`rows::archived_record`). `$1` id.
+pub(crate) const ADMIN_ARCHIVED: &str = "SELECT uuid_send(id), scope, idempotency_key, \
+    state, retryable, status, fingerprint, fencing_token, \
+    extract(epoch FROM created_at)::float8, extract(epoch FROM updated_at)::float8, \
+    extract(epoch FROM expires_at)::float8, NULL::float8, \
+    coalesce(octet_length(headers) + octet_length(body), 0)::bigint, \
+    extract(epoch FROM archived_at)::float8, octet_length(body)::float8 \
+    FROM idempotency_records_archive WHERE id = $1 ORDER BY created_at DESC";
 /// Admin: stale leases. `$1` limit.
 pub(crate) const ADMIN_STALE: &str = select_record!(
     "WHERE state = 'PROCESSING' AND locked_until < now() ORDER BY locked_until, id LIMIT $1"

@@ -61,8 +61,12 @@ where
         },
         None => None,
     };
+    let archived = match admin.archived(scope, key).await {
+        Ok(archived) => archived,
+        Err(e) => return failed(&e),
+    };
     let show_body = form.get("body") == Some("1");
-    let body = pages::key(
+    let mut body = pages::key(
         scope,
         key,
         record.as_ref(),
@@ -71,6 +75,7 @@ where
         form.get("done"),
         &session.token,
     );
+    body.push_str(&pages::archived(&archived));
     html(&session, "Key", "Key", &body)
 }
 

@@ -7,7 +7,7 @@ mod messages;
 mod records;
 
 pub(crate) use self::messages::{inbox, inbox_groups, outbox};
-pub(crate) use self::records::{key, key_search, stale};
+pub(crate) use self::records::{archived, key, key_search, stale};
 
 use super::html::{age, escape, url};
 use crate::engine::view::{InboxFailures, Overview};

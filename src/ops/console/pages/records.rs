@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::super::html::{age, escape, since, time, until, url};
 use super::{button_form, hidden, notice, pager};
-use crate::engine::view::{Page, RecordInfo, ResponseBody, StoredResponse};
+use crate::engine::view::{ArchivedRecord, Page, RecordInfo, ResponseBody, StoredResponse};
 
 pub(crate) fn key_search(scope: &str, key: &str) -> String {
     format!(
@@ -33,7 +33,7 @@ pub(crate) fn key(
             s,
             "<p id=\"result\">No record for key <span class=\"mono\">{}</span> in scope \
              <span class=\"mono\">{}</span>: the request never committed, or its record was \
-             purged.</p>",
+             purged; its archived records, if any, follow.</p>",
             escape(key),
             escape(scope)
         );
@@ -150,6 +150,38 @@ pub(crate) fn key(
         token,
     ));
     s.push_str("</p>");
+    s
+}
+
+/// The key's archived records (the sweeper's archive), newest first; nothing when none.
+pub(crate) fn archived(archived: &[ArchivedRecord]) -> String {
+    if archived.is_empty() {
+        return String::new();
+    }
+    let mut s = String::from(
+        "<h2>Archived</h2><p>Records of this key the sweeper archived when it purged them, \
+         the newest first.</p><table id=\"archived\"><tr><th>created</th><th>archived</th>\
+         <th>state</th><th>status</th><th>fingerprint</th><th>response</th></tr>",
+    );
+    for a in archived {
+        let r = &a.record;
+        let response = if a.response_kept {
+            format!("{} bytes kept", r.response_bytes)
+        } else {
+            "not kept (metadata only)".to_owned()
+        };
+        let _ = write!(
+            s,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td>\
+             <td>{response}</td></tr>",
+            time(r.created_at),
+            time(a.archived_at),
+            escape(&r.state),
+            r.status,
+            escape(&r.fingerprint)
+        );
+    }
+    s.push_str("</table>");
     s
 }
 
