@@ -207,12 +207,16 @@ fn app<D: OrdersDb>(
     console: Router,
 ) -> Router {
     Router::new()
-        .route("/orders", post(create_order::<D>))
+        .route(
+            "/orders",
+            post(create_order::<D>).route_layer(axum::middleware::from_fn(user::require)),
+        )
         .route("/orders/{order_no}", get(get_order::<D>))
-        .route("/orders/{order_no}/pay", post(pay_order::<D>))
+        .route(
+            "/orders/{order_no}/pay",
+            post(pay_order::<D>).route_layer(axum::middleware::from_fn(user::require)),
+        )
         .layer(idempotency.clone())
-        // Outside the layer: a request without a valid caller is refused before any claim.
-        .layer(axum::middleware::from_fn(user::require))
         .with_state(pool)
         .route(
             "/metrics",

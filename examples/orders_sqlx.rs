@@ -220,12 +220,16 @@ fn app(
     console: Router,
 ) -> Router {
     Router::new()
-        .route("/orders", post(create_order))
+        .route(
+            "/orders",
+            post(create_order).route_layer(axum::middleware::from_fn(user::require)),
+        )
         .route("/orders/{order_no}", get(get_order))
-        .route("/orders/{order_no}/pay", post(pay_order))
+        .route(
+            "/orders/{order_no}/pay",
+            post(pay_order).route_layer(axum::middleware::from_fn(user::require)),
+        )
         .layer(idempotency.clone())
-        // Outside the layer: a request without a valid caller is refused before any claim.
-        .layer(axum::middleware::from_fn(user::require))
         .with_state(pool)
         .route(
             "/metrics",

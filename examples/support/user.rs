@@ -1,10 +1,10 @@
 //! The caller's `X-User-Id` header, required on the orders examples' `POST` routes: an
 //! integer user id (the OpenAPI document declares it so). A request without it, or with
-//! anything else in it, is answered 400 before the idempotency layer sees it: no order, no
-//! record, nothing claimed.
+//! anything else in it, is answered 400 before its handler's extractors run: no order, no
+//! record, nothing claimed. A method a route does not serve is still 405.
 
 use axum::extract::Request;
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -13,11 +13,10 @@ use axum::response::{IntoResponse, Response};
 pub(crate) const HEADER: &str = "x-user-id";
 pub(crate) const INVALID: &str = "invalid_x_user_id";
 
-/// Middleware: refuses a `POST` whose `X-User-Id` is not an integer (see the module docs).
+/// Middleware for a route's `POST`
+/// (`post(handler).route_layer(axum::middleware::from_fn(user::require))`): refuses a
+/// request whose `X-User-Id` is not an integer (see the module docs).
 pub(crate) async fn require(request: Request, next: Next) -> Response {
-    if request.method() != Method::POST {
-        return next.run(request).await;
-    }
     let user = request
         .headers()
         .get(HEADER)
