@@ -190,8 +190,19 @@ fn skip_bare_item(value: &[u8]) -> Option<&[u8]> {
             Some(&value[end..])
         }
         b'"' => {
+            // A string of any length: the key's length limit is the key's alone.
             let (inner, after) = split_sf_string(&value[1..]).ok()?;
-            unquote(inner).ok()?;
+            let mut bytes = inner.iter();
+            while let Some(&byte) = bytes.next() {
+                match byte {
+                    b'\\' => match bytes.next() {
+                        Some(b'"' | b'\\') => {}
+                        _ => return None,
+                    },
+                    0x20..=0x7e => {}
+                    _ => return None,
+                }
+            }
             Some(after)
         }
         b'?' => match value.get(1)? {
@@ -587,6 +598,33 @@ mod tests {
                 .len(),
             MAX_KEY_LEN
         );
+    }
+
+    #[test]
+    fn parameters_are_checked_and_ignored() {
+        let long = format!(r#""k";note="{}";v=1"#, "x".repeat(4 * MAX_KEY_LEN));
+        for raw in [
+            &br#""k";v=1"#[..],
+            br#""k"; a; b=?0;c=-1.5;d=tok/en:1;e=:aGk=:;f="a;\"b\"""#,
+            long.as_bytes(),
+        ] {
+            assert_eq!(IdempotencyKey::parse(raw).unwrap().as_str(), "k", "{raw:?}");
+        }
+        for raw in [
+            &br#""k";V=1"#[..],
+            br#""k" ;v=1"#,
+            br#""k";v="#,
+            br#""k";v=1.2345"#,
+            br#""k";v="open"#,
+            br#""k"v"#,
+            br#""k";;"#,
+        ] {
+            assert_eq!(
+                IdempotencyKey::parse(raw),
+                Err(KeyError::MalformedParameters),
+                "{raw:?}"
+            );
+        }
     }
 
     #[test]
