@@ -360,6 +360,17 @@ async fn the_console_shows_an_archived_key() {
         "the archived record listed: {last}"
     );
     assert!(last.contains("bytes kept"), "{last}");
+    let (status, overview) = http(
+        &addr,
+        "GET /admin/ HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+         authorization: Basic YWRtaW46c2VjcmV0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200, "{overview}");
+    assert!(
+        overview.contains("<td id=\"archived-count\">1</td>"),
+        "the overview counts the archive: {overview}"
+    );
     stop(child).await;
 }
 

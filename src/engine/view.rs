@@ -165,6 +165,9 @@ pub struct Overview {
     /// `TABLE_ROWS`; an exact count on SQLite), and never fewer than `processing +
     /// failed`, which are counted exactly.
     pub records_estimate: i64,
+    /// Rows of the sweeper's archive (`idempotency_records_archive`), estimated like
+    /// `records_estimate` (a count on SQLite).
+    pub archived_estimate: i64,
     /// PROCESSING records (lease mode), live leases and stale ones.
     pub processing: i64,
     /// FAILED records (lease mode).

@@ -439,7 +439,10 @@ pub(super) const ADMIN_RECORD_COUNTS: &str = "SELECT \
     CAST((SELECT COUNT(*) FROM idempotency_records WHERE state = 'PROCESSING') AS SIGNED), \
     CAST((SELECT COUNT(*) FROM idempotency_records WHERE state = 'FAILED') AS SIGNED), \
     CAST(COALESCE((SELECT TABLE_ROWS FROM information_schema.TABLES \
-        WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idempotency_records'), 0) AS SIGNED)";
+        WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idempotency_records'), 0) AS SIGNED), \
+    CAST(COALESCE((SELECT TABLE_ROWS FROM information_schema.TABLES \
+        WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'idempotency_records_archive'), 0) \
+        AS SIGNED)";
 
 /// The [`MessageInfo`](crate::MessageInfo) columns.
 macro_rules! message_info {

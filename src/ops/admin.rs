@@ -519,12 +519,13 @@ impl<D: MaintenanceStore + InboxStore + OutboxStore> Admin<D> {
             self.store.outbox_parked(),
             self.store.failed_groups(give_up, 100),
         );
-        let [processing, failed, records_estimate] = counts?;
+        let [processing, failed, records_estimate, archived_estimate] = counts?;
         let (stale, pending, parked) = (stale?, pending?, parked?);
         Ok(Overview {
             // The planner's figure lags the table (PostgreSQL has none before its first
             // `ANALYZE`): never fewer than the rows counted beside it.
             records_estimate: records_estimate.max(processing + failed),
+            archived_estimate,
             processing,
             failed,
             stale: stale.count,

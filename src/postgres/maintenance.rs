@@ -116,7 +116,7 @@ impl MaintenanceStore for PgStore {
             .map(|n| n == 1)
     }
 
-    async fn record_counts(&self) -> Result<[i64; 3], Error> {
+    async fn record_counts(&self) -> Result<[i64; 4], Error> {
         Ok(self
             .rows(&statement::ADMIN_RECORD_COUNTS, &[], rows::record_counts)
             .await?

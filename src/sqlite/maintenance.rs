@@ -172,7 +172,7 @@ impl MaintenanceStore for SqliteStore {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn record_counts(&self) -> Result<[i64; 3], Error> {
+    async fn record_counts(&self) -> Result<[i64; 4], Error> {
         let query = self.query(sql::ADMIN_RECORD_COUNTS);
         Ok(self
             .rows(query, rows::record_counts)

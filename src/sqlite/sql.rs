@@ -104,29 +104,32 @@ pub(super) const INBOX_RECORD_FAILURE: &str = "INSERT INTO inbox_messages AS m \
     WHERE m.status = 'FAILED' OR m.expires_at <= unixepoch('subsec') \
     RETURNING attempts";
 
+/// The rowids of a batch of expired records past their state's retention, the parameters
+/// of [`PURGE_RECORDS`].
+macro_rules! expired_rowids {
+    () => {
+        "SELECT rowid FROM idempotency_records \
+         WHERE expires_at <= unixepoch('subsec') - ?3 \
+           AND CASE state \
+               WHEN 'SUCCESS' THEN expires_at <= unixepoch('subsec') - ?1 \
+               ELSE expires_at <= unixepoch('subsec') - ?2 \
+                    AND (state = 'FAILED' OR locked_until IS NULL \
+                         OR locked_until <= unixepoch('subsec')) \
+               END \
+         LIMIT ?4"
+    };
+}
+
 /// As `PURGE_RECORDS`: `?1` success grace, `?2` failure retention (seconds), `?3` the
 /// smaller, `?4` batch size. One bounded autocommit `DELETE` (the write lock for one batch).
-pub(super) const PURGE_RECORDS: &str = "DELETE FROM idempotency_records WHERE rowid IN ( \
-    SELECT rowid FROM idempotency_records \
-    WHERE expires_at <= unixepoch('subsec') - ?3 \
-      AND CASE state \
-          WHEN 'SUCCESS' THEN expires_at <= unixepoch('subsec') - ?1 \
-          ELSE expires_at <= unixepoch('subsec') - ?2 \
-               AND (state = 'FAILED' OR locked_until IS NULL \
-                    OR locked_until <= unixepoch('subsec')) \
-          END \
-    LIMIT ?4)";
+pub(super) const PURGE_RECORDS: &str = concat!(
+    "DELETE FROM idempotency_records WHERE rowid IN (",
+    expired_rowids!(),
+    ")"
+);
 /// The rowids of the records [`PURGE_RECORDS`] would purge, with its parameters: an
 /// archiving batch reads them under the write lock, then archives and deletes exactly those.
-pub(super) const EXPIRED_RECORD_ROWIDS: &str = "SELECT rowid FROM idempotency_records \
-    WHERE expires_at <= unixepoch('subsec') - ?3 \
-      AND CASE state \
-          WHEN 'SUCCESS' THEN expires_at <= unixepoch('subsec') - ?1 \
-          ELSE expires_at <= unixepoch('subsec') - ?2 \
-               AND (state = 'FAILED' OR locked_until IS NULL \
-                    OR locked_until <= unixepoch('subsec')) \
-          END \
-    LIMIT ?4";
+pub(super) const EXPIRED_RECORD_ROWIDS: &str = expired_rowids!();
 /// Copies records into the archive (a record archived before keeps its row), followed by
 /// `(rowid, …))` and [`ARCHIVE_SUFFIX`]; `{response}` is `headers, body, body_key_id` or
 /// `NULL, NULL, NULL`.
@@ -357,7 +360,8 @@ pub(super) const ADMIN_DELETE_RECORD: &str =
 pub(super) const ADMIN_RECORD_COUNTS: &str = "SELECT \
     (SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING'), \
     (SELECT count(*) FROM idempotency_records WHERE state = 'FAILED'), \
-    (SELECT count(*) FROM idempotency_records)";
+    (SELECT count(*) FROM idempotency_records), \
+    (SELECT count(*) FROM idempotency_records_archive)";
 /// As `ADMIN_MESSAGE`. `?1` group, `?2` message id.
 pub(super) const ADMIN_MESSAGE: &str =
     select_message!(" FROM inbox_messages WHERE consumer_group = ?1 AND message_id = ?2");

@@ -242,5 +242,5 @@ pub trait MaintenanceStore: Store {
 
     /// PROCESSING and FAILED records, and the estimated total.
     #[doc(hidden)]
-    fn record_counts(&self) -> impl Future<Output = Result<[i64; 3], Error>> + Send;
+    fn record_counts(&self) -> impl Future<Output = Result<[i64; 4], Error>> + Send;
 }

@@ -156,6 +156,6 @@ pub(crate) fn stored_row<R: Row>(row: &R) -> Result<StoredRow, R::Error> {
 }
 
 /// The columns of [`sql::ADMIN_RECORD_COUNTS`](super::sql::ADMIN_RECORD_COUNTS).
-pub(crate) fn record_counts<R: Row>(row: &R) -> Result<[i64; 3], R::Error> {
-    Ok([row.i64(0)?, row.i64(1)?, row.i64(2)?])
+pub(crate) fn record_counts<R: Row>(row: &R) -> Result<[i64; 4], R::Error> {
+    Ok([row.i64(0)?, row.i64(1)?, row.i64(2)?, row.i64(3)?])
 }

@@ -380,7 +380,9 @@ pub(crate) const ADMIN_RECORD_COUNTS: &str = "SELECT \
     (SELECT count(*) FROM idempotency_records WHERE state = 'PROCESSING'), \
     (SELECT count(*) FROM idempotency_records WHERE state = 'FAILED'), \
     (SELECT greatest(reltuples, 0)::int8 FROM pg_class \
-     WHERE oid = 'idempotency_records'::regclass)";
+     WHERE oid = 'idempotency_records'::regclass), \
+    (SELECT greatest(reltuples, 0)::int8 FROM pg_class \
+     WHERE oid = 'idempotency_records_archive'::regclass)";
 /// Console: a page of a group's FAILED inbox messages, the most recently failed first,
 /// after the cursor (`$2` the last row's `updated_at` in microseconds, `$3` its message
 /// id; the first page starts after every row). `$1` group, `$4` limit. The last column is

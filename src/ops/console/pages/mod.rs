@@ -87,13 +87,15 @@ pub(crate) fn overview(o: &Overview, metrics: Option<&str>) -> String {
         "<h2>Records</h2><table><tr><th>all (estimate)</th><td>{}</td></tr>\
          <tr><th>PROCESSING</th><td>{}</td></tr><tr><th>FAILED</th><td>{}</td></tr>\
          <tr><th>stale leases</th><td><a href=\"stale\">{}</a></td></tr>\
-         <tr><th>oldest stale lease ended</th><td>{}</td></tr></table>",
+         <tr><th>oldest stale lease ended</th><td>{}</td></tr>\
+         <tr><th>archived (estimate)</th><td id=\"archived-count\">{}</td></tr></table>",
         o.records_estimate,
         o.processing,
         o.failed,
         o.stale,
         o.stale_oldest_seconds
-            .map_or_else(|| "—".to_owned(), |s| format!("{} ago", age(s)))
+            .map_or_else(|| "—".to_owned(), |s| format!("{} ago", age(s))),
+        o.archived_estimate
     );
     let _ = write!(
         s,
