@@ -7,7 +7,7 @@
 //! cargo bench --bench idempotency --all-features                 # full run (a few minutes)
 //! cargo bench --bench idempotency --all-features -- --quick      # smoke run, one round
 //! cargo bench --bench idempotency --all-features -- --scale 10000000   # + 10 million records
-//! cargo bench --bench idempotency --all-features -- --sweep 1000000    # + a purge under load
+//! cargo bench --bench idempotency --all-features -- --sweep 1000000    # + a purge under load, then one archiving
 //! cargo bench --bench idempotency --all-features -- --only new,replay  # bare and these
 //! cargo bench --bench idempotency --all-features -- --rounds 5         # default 3
 //! cargo bench --bench idempotency --all-features -- --seconds 8        # each run 8 s long
@@ -1125,9 +1125,23 @@ async fn main() {
     if let Some(records) = options.scale {
         scale_run(&admin, &schema, &pool, servers, records).await;
     } else if let Some(records) = options.sweep {
-        println!("\nloading {records} expired records …");
-        load(&admin, &schema, records, "now() - interval '1 hour'").await;
-        purge_under_load(&pool, servers).await;
+        for archive in [None, Some(axum_idempotency::Archive::Records)] {
+            println!("\nloading {records} expired records …");
+            load(&admin, &schema, records, "now() - interval '1 hour'").await;
+            purge_under_load(&pool, servers, archive).await;
+        }
+        let size: i64 = admin
+            .query_one(
+                &format!("SELECT pg_total_relation_size('{schema}.idempotency_records_archive')"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        println!(
+            "archive: {:.1} MiB for {records} records",
+            size as f64 / (1 << 20) as f64
+        );
     }
     for (database, variants) in others {
         other_database_run(
@@ -1496,7 +1510,7 @@ async fn scale_run(
         .batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records"))
         .await
         .unwrap();
-    purge_under_load(pool, servers).await;
+    purge_under_load(pool, servers, None).await;
 }
 
 /// Requests/s and what each request cost the server: WAL bytes and full-page images
@@ -1600,9 +1614,21 @@ async fn load(admin: &tokio_postgres::Client, schema: &str, records: u64, expire
 /// Runs the sweeper, with its defaults, over every expired record (of a freshly vacuumed
 /// table) while serving `new` at concurrency 16, and compares the p99 of all requests served during the purge with a
 /// quiet run just before it.
-async fn purge_under_load(pool: &Pool, servers: Servers) {
+async fn purge_under_load(
+    pool: &Pool,
+    servers: Servers,
+    archive: Option<axum_idempotency::Archive>,
+) {
     let quiet = run(Variant::New, servers, 16, Load::Requests(3000)).await;
-    let sweeper = Sweeper::new(pool.clone());
+    let sweeper = match archive {
+        Some(what) => Sweeper::new(pool.clone()).archive(what),
+        None => Sweeper::new(pool.clone()),
+    };
+    let label = if archive.is_some() {
+        "archiving"
+    } else {
+        "defaults"
+    };
     let purge = tokio::spawn(async move {
         let started = Instant::now();
         let report = sweeper.run_once().await.unwrap();
@@ -1620,7 +1646,7 @@ async fn purge_under_load(pool: &Pool, servers: Servers) {
     let served = during.len();
     let p99 = quantile(&during, 0.99);
     println!(
-        "\nsweeper (defaults) purged {purged} records in {:.1} s ({:.0} rows/s) while serving \
+        "\nsweeper ({label}) purged {purged} records in {:.1} s ({:.0} rows/s) while serving \
          `new` at c=16: p99 {} ms over {served} requests (quiet {} ms, ratio {:.2}), \
          {:.0} req/s (quiet {:.0})",
         took.as_secs_f64(),
