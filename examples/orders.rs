@@ -14,7 +14,7 @@
 //!
 //! ```text
 //! cargo run --example orders --features sqlite
-//! curl -i -X POST localhost:3000/orders -H "Idempotency-Key: $(uuidgen)" \
+//! curl -i -X POST localhost:3000/orders -H "Idempotency-Key: order-$RANDOM$RANDOM" \
 //!      -H 'X-User-Id: 1001' -H 'content-type: application/json' \
 //!      -d '{"user_id": 1001, "amount": 299}'
 //! curl localhost:3000/metrics

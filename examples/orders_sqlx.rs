@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres cargo run --example orders_sqlx --features sqlx
-//! curl -i -X POST localhost:3000/orders -H "Idempotency-Key: $(uuidgen)" -H 'X-User-Id: 1001' \
+//! curl -i -X POST localhost:3000/orders -H "Idempotency-Key: order-$RANDOM$RANDOM" -H 'X-User-Id: 1001' \
 //!      -H 'content-type: application/json' -d '{"user_id": 1001, "amount": 299}'
 //! curl localhost:3000/metrics
 //! ```
