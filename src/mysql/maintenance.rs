@@ -152,29 +152,25 @@ impl MaintenanceStore for MySqlStore {
             SweepBatch::PurgeRecords(r)
             | SweepBatch::PurgeMessages(r)
             | SweepBatch::PurgeOutbox(r) => {
-                const ARCHIVE_RECORDS: [PerKey; 2] = [
-                    PerKey {
-                        prefix: sql::ARCHIVE_RECORD_ONE,
-                        suffix: sql::ARCHIVE_ONE_SUFFIX,
-                        counted: false,
-                    },
-                    PerKey::counted(sql::PURGE_RECORDS_ONE),
-                ];
-                const ARCHIVE_METADATA: [PerKey; 2] = [
-                    PerKey {
-                        prefix: sql::ARCHIVE_METADATA_ONE,
-                        suffix: sql::ARCHIVE_ONE_SUFFIX,
-                        counted: false,
-                    },
-                    PerKey::counted(sql::PURGE_RECORDS_ONE),
-                ];
+                let archived_then_purged = |copy| {
+                    [
+                        PerKey {
+                            prefix: copy,
+                            suffix: sql::ARCHIVE_ONE_SUFFIX,
+                            counted: false,
+                        },
+                        PerKey::counted(sql::PURGE_RECORDS_ONE),
+                    ]
+                };
+                let records = archived_then_purged(sql::ARCHIVE_RECORD_ONE);
+                let metadata = archived_then_purged(sql::ARCHIVE_METADATA_ONE);
                 let (select, key, statements): (_, _, &[PerKey]) = match batch {
                     SweepBatch::PurgeRecords(r) => (
                         sql::PURGE_RECORDS,
                         Key::RecordId,
                         match r.archive {
-                            Some(archive) if archive.keeps_response() => &ARCHIVE_RECORDS,
-                            Some(_) => &ARCHIVE_METADATA,
+                            Some(archive) if archive.keeps_response() => &records,
+                            Some(_) => &metadata,
                             None => &[PerKey::counted(sql::PURGE_RECORDS_ONE)],
                         },
                     ),

@@ -230,21 +230,25 @@ pub(super) const PURGE_RECORDS: &str = "SELECT id FROM idempotency_records \
     ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
 /// Deletes one record [`PURGE_RECORDS`] locked, followed by its key's equality.
 pub(super) const PURGE_RECORDS_ONE: &str = "DELETE FROM idempotency_records WHERE ";
+/// The archive's `INSERT … SELECT` of one record, its response columns `$response`.
+macro_rules! archive_one {
+    ($response:literal) => {
+        concat!(
+            "INSERT INTO idempotency_records_archive \
+             (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, \
+              state, retryable, fencing_token, created_at, updated_at, expires_at) \
+             SELECT id, scope, idempotency_key, fingerprint, status, ",
+            $response,
+            ", state, retryable, fencing_token, created_at, updated_at, expires_at \
+             FROM idempotency_records WHERE "
+        )
+    };
+}
 /// Copies one record [`PURGE_RECORDS`] locked into the archive, before its delete:
 /// followed by its key's equality and [`ARCHIVE_ONE_SUFFIX`].
-pub(super) const ARCHIVE_RECORD_ONE: &str = "INSERT INTO idempotency_records_archive \
-    (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, state, \
-     retryable, fencing_token, created_at, updated_at, expires_at) \
-    SELECT id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, state, \
-     retryable, fencing_token, created_at, updated_at, expires_at \
-    FROM idempotency_records WHERE ";
+pub(super) const ARCHIVE_RECORD_ONE: &str = archive_one!("headers, body, body_key_id");
 /// [`ARCHIVE_RECORD_ONE`] without the response's headers and body.
-pub(super) const ARCHIVE_METADATA_ONE: &str = "INSERT INTO idempotency_records_archive \
-    (id, scope, idempotency_key, fingerprint, status, headers, body, body_key_id, state, \
-     retryable, fencing_token, created_at, updated_at, expires_at) \
-    SELECT id, scope, idempotency_key, fingerprint, status, NULL, NULL, NULL, state, \
-     retryable, fencing_token, created_at, updated_at, expires_at \
-    FROM idempotency_records WHERE ";
+pub(super) const ARCHIVE_METADATA_ONE: &str = archive_one!("NULL, NULL, NULL");
 /// A record archived before (a batch repeated) keeps its row.
 pub(super) const ARCHIVE_ONE_SUFFIX: &str =
     " ON DUPLICATE KEY UPDATE archived_at = idempotency_records_archive.archived_at";
