@@ -62,6 +62,7 @@ pub use crate::http::rejection::{Rejection, RejectionKind};
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError};
 pub use crate::ops::admin::Admin;
+pub use crate::ops::archive::{ArchiveSink, ArchivedResponse, ArchivedRow, BoxError};
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]
 pub use crate::ops::console::{Console, ConsoleUser};

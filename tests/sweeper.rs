@@ -6,17 +6,20 @@ mod common;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use axum_idempotency::inbox::Outcome;
 use axum_idempotency::{
-    Admin, Archive, Error, IdempotencyLayer, Inbox, InboxError, KeyError, Sweeper,
+    Admin, Archive, ArchiveSink, ArchivedRow, BoxError, Error, IdempotencyLayer, Inbox, InboxError,
+    KeyError, Sweeper,
 };
 use common::recorder::{Capture, Recorder};
 use common::*;
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use tokio::sync::Notify;
 
 const MINUTE: f64 = 60.0;
 const HOUR: f64 = 3600.0;
@@ -548,6 +551,208 @@ where
         .unwrap();
     assert_eq!(report.purged_archive, 7, "{report:?}");
     assert_eq!(archived(&db, "old", false).await, 0);
+}
+
+/// An [`ArchiveSink`] for the tests: keeps what it was given, fails while told to, and can
+/// stop inside `write` until the test lets it go on.
+#[derive(Clone, Default)]
+struct TestSink {
+    rows: Arc<Mutex<Vec<ArchivedRow>>>,
+    failing: Arc<AtomicBool>,
+    /// (reached, go): `write` signals the first, then waits for the second.
+    pause: Option<(Arc<Notify>, Arc<Notify>)>,
+}
+
+impl TestSink {
+    fn rows(&self) -> Vec<ArchivedRow> {
+        self.rows.lock().unwrap().clone()
+    }
+
+    fn in_scope(&self, scope: &str) -> Vec<ArchivedRow> {
+        let mut rows = self.rows();
+        rows.retain(|row| row.record.scope == scope);
+        rows
+    }
+}
+
+impl ArchiveSink for TestSink {
+    async fn write(&self, rows: &[ArchivedRow]) -> Result<(), BoxError> {
+        if let Some((reached, go)) = &self.pause {
+            reached.notify_one();
+            go.notified().await;
+        }
+        if self.failing.load(Ordering::SeqCst) {
+            return Err("the archive's disk is full".into());
+        }
+        self.rows.lock().unwrap().extend_from_slice(rows);
+        Ok(())
+    }
+}
+
+async fn a_sink_holds_each_expired_record_before_it_is_purged<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_records(30, "old", "SUCCESS", -HOUR, None).await;
+    db.insert_records(5, "failed", "FAILED", -30.0 * DAY, None)
+        .await;
+    db.insert_records(4, "live", "SUCCESS", HOUR, None).await;
+    let sink = TestSink::default();
+    let sweeper = Sweeper::new(D::pool(&db))
+        .batch_size(8)
+        .archive_to(sink.clone(), Archive::Records);
+    let report = sweeper.run_once().await.unwrap();
+    assert_eq!(
+        (report.purged_records, report.archived_records),
+        (35, 35),
+        "{report:?}"
+    );
+    assert_eq!(
+        (in_scope(&db, "old").await, in_scope(&db, "failed").await),
+        (0, 0)
+    );
+    assert_eq!(in_scope(&db, "live").await, 4, "live records stay");
+    let rows = sink.rows();
+    assert_eq!(
+        (sink.in_scope("old").len(), sink.in_scope("failed").len()),
+        (30, 5)
+    );
+    let ids: std::collections::HashSet<_> = rows.iter().map(|r| r.archive_id.clone()).collect();
+    assert_eq!(ids.len(), 35, "one stable id per record");
+    for row in &rows {
+        assert!(
+            row.archive_id.starts_with(&format!("{}-", row.record.id)),
+            "{row:?}"
+        );
+        assert_eq!(row.record.status, 201);
+        let response = row.response.as_ref().expect("the response is archived");
+        assert_eq!(
+            (&response.body[..], response.body_key_id),
+            (&b"body"[..], None)
+        );
+    }
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM idempotency_records_archive")
+            .await,
+        0,
+        "the sink replaces the table"
+    );
+    let report = sweeper.run_once().await.unwrap();
+    assert_eq!(report.purged_records, 0, "{report:?}");
+    assert_eq!(sink.rows().len(), 35, "nothing sent twice");
+    db.assert_settles().await;
+}
+
+/// A failing sink deletes nothing, is counted, leaves the other tables' sweep alone, and
+/// its batch goes out on the next run. (A local recorder sees only this thread: the test
+/// drives its own single-threaded runtime.)
+fn a_failing_sink_deletes_nothing_and_its_batch_is_sent_next_run<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let capture = Arc::new(Capture::default());
+    let recorder = Recorder(Arc::clone(&capture));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let db = D::db(2).await;
+            db.insert_records(6, "old", "SUCCESS", -HOUR, None).await;
+            db.insert_messages(2, "g", "SUCCESS", -HOUR).await;
+            let sink = TestSink::default();
+            sink.failing.store(true, Ordering::SeqCst);
+            let sweeper = Sweeper::new(D::pool(&db)).archive_to(sink.clone(), Archive::Metadata);
+            let error = sweeper.run_once().await.unwrap_err();
+            assert!(matches!(error, Error::Archive(_)), "{error:?}");
+            let source = std::error::Error::source(&error).unwrap().to_string();
+            assert_eq!(source, "the archive's disk is full");
+            assert_eq!(in_scope(&db, "old").await, 6, "nothing deleted");
+            assert_eq!(messages(&db).await, 0, "the other tables are still swept");
+            let values = capture.values();
+            assert_eq!(
+                values.get("idempotency_archive_errors_total{archive=sink}"),
+                Some(&1.0),
+                "{values:?}"
+            );
+            assert!(
+                values
+                    .get("idempotency_sweeper_last_run_timestamp_seconds{}")
+                    .is_none(),
+                "a failed run is not a completed pass"
+            );
+
+            sink.failing.store(false, Ordering::SeqCst);
+            let report = sweeper.run_once().await.unwrap();
+            assert_eq!(report.archived_records, 6, "{report:?}");
+            assert_eq!(in_scope(&db, "old").await, 0);
+            let rows = sink.in_scope("old");
+            assert_eq!(rows.len(), 6);
+            assert!(
+                rows.iter().all(|row| row.response.is_none()),
+                "metadata only"
+            );
+            assert!(rows.iter().all(|row| row.record.fingerprint.len() == 64));
+            let values = capture.values();
+            assert_eq!(values.get("idempotency_archive_lag_seconds{}"), Some(&0.0));
+            assert_eq!(values.get("idempotency_archived_total{}"), Some(&6.0));
+        })
+    });
+}
+
+/// A record that changed between the sink's write and the delete (here its `updated_at`;
+/// in service, its key used again) is not deleted: the next run sends it again, under the
+/// same archive id, as it is now, and then purges it.
+async fn a_record_changed_while_the_sink_writes_stays_and_goes_next_run<D: Driver>()
+where
+    D::Db: Fixtures,
+{
+    let db = D::db(2).await;
+    db.insert_records(4, "old", "SUCCESS", -HOUR, None).await;
+    db.insert_records(1, "touched", "SUCCESS", -HOUR, None)
+        .await;
+    let (reached, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let sink = TestSink {
+        pause: Some((Arc::clone(&reached), Arc::clone(&go))),
+        ..TestSink::default()
+    };
+    let sweeper = Sweeper::new(D::pool(&db)).archive_to(sink.clone(), Archive::Records);
+    let sweep = tokio::spawn(async move { sweeper.run_once().await });
+    reached.notified().await;
+    assert_eq!(
+        db.affected(
+            "UPDATE idempotency_records SET updated_at = expires_at WHERE scope = 'touched'"
+        )
+        .await,
+        1
+    );
+    go.notify_one();
+    let report = sweep.await.unwrap().unwrap();
+    assert_eq!(report.purged_records, 4, "{report:?}");
+    assert_eq!(
+        in_scope(&db, "touched").await,
+        1,
+        "the changed record stays"
+    );
+
+    let again = TestSink {
+        rows: Arc::clone(&sink.rows),
+        ..TestSink::default()
+    };
+    let report = Sweeper::new(D::pool(&db))
+        .archive_to(again, Archive::Records)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.purged_records, 1, "{report:?}");
+    assert_eq!(in_scope(&db, "touched").await, 0);
+    let touched = sink.in_scope("touched");
+    assert_eq!(touched.len(), 2, "sent twice: at least once");
+    assert_eq!(touched[0].archive_id, touched[1].archive_id, "under one id");
+    assert_ne!(touched[0].record.updated_at, touched[1].record.updated_at);
+    assert_eq!(touched[1].record.updated_at, touched[1].record.expires_at);
 }
 
 /// A key's record archived, then the key used again and its second record archived too:
@@ -1182,6 +1387,12 @@ for_each_database! {
     async archiving_moves_each_expired_record_into_the_archive_once;
     #[tokio::test]
     async a_metadata_archive_leaves_the_response_out;
+    #[tokio::test]
+    async a_sink_holds_each_expired_record_before_it_is_purged;
+    #[test]
+    sync a_failing_sink_deletes_nothing_and_its_batch_is_sent_next_run;
+    #[tokio::test]
+    async a_record_changed_while_the_sink_writes_stays_and_goes_next_run;
     #[tokio::test]
     async archived_records_are_purged_after_their_own_retention;
     #[tokio::test]

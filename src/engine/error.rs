@@ -79,6 +79,10 @@ pub enum Error {
     /// A stored response body or inbox payload could not be encrypted or decrypted (see
     /// [`EncryptionError`](crate::EncryptionError)).
     Encryption(crate::engine::crypto::EncryptionError),
+    /// The [`ArchiveSink`](crate::ArchiveSink) of a [`Sweeper`](crate::Sweeper) failed to
+    /// write a batch (the sink's error is the source). Nothing of the batch was purged; it
+    /// is sent again on the next run.
+    Archive(crate::ops::archive::BoxError),
 }
 
 impl Error {
@@ -326,6 +330,7 @@ impl fmt::Display for Error {
             Self::InvalidArgument(what) => write!(f, "invalid argument: {what}"),
             Self::InvalidMessage(_) => f.write_str("invalid outbox message"),
             Self::Encryption(_) => f.write_str("encryption at rest failed"),
+            Self::Archive(_) => f.write_str("the archive sink failed to write a batch"),
         }
     }
 }
@@ -342,6 +347,7 @@ impl std::error::Error for Error {
             Self::InvalidKey(e) => Some(e),
             Self::InvalidMessage(e) => Some(e),
             Self::Encryption(e) => Some(e),
+            Self::Archive(e) => Some(&**e),
             _ => None,
         }
     }

@@ -320,6 +320,15 @@ impl RecordId {
         hex(&self.0)
     }
 
+    /// The id as a database returned it: 16 bytes (a damaged row's shorter or longer
+    /// value is padded or cut, and then matches no record).
+    pub(crate) fn from_slice(bytes: &[u8]) -> Self {
+        let mut id = [0; 16];
+        let n = bytes.len().min(16);
+        id[..n].copy_from_slice(&bytes[..n]);
+        Self(id)
+    }
+
     /// The id as it is shown: 32 hex digits.
     pub(crate) fn from_hex(hex: &str) -> Option<Self> {
         let digits: Vec<u32> = hex.chars().map(|c| c.to_digit(16)).collect::<Option<_>>()?;

@@ -14,7 +14,9 @@
 //! | `idempotency_stale_processing` | gauge | | PROCESSING records past their lease (set by the sweeper) |
 //! | `idempotency_stale_processing_oldest_seconds` | gauge | | how long the oldest of them is past its lease |
 //! | `idempotency_purged_total` | counter | `table` | records purged by the sweeper |
-//! | `idempotency_archived_total` | counter | | records the sweeper wrote to `idempotency_records_archive` before purging them (with `Sweeper::archive`) |
+//! | `idempotency_archived_total` | counter | | records the sweeper wrote to the archive before purging them (`Sweeper::archive`: the `idempotency_records_archive` table; `Sweeper::archive_to`: a sink) |
+//! | `idempotency_archive_errors_total` | counter | `archive` (`table`, `sink`) | sweeper runs whose archiving failed (nothing of the failed batch was purged) |
+//! | `idempotency_archive_lag_seconds` | gauge | | how long ago the archive last caught up: 0 after a run that archived every record due, growing while runs fail |
 //! | `idempotency_stale_marked_failed_total` | counter | | stale PROCESSING records the sweeper marked FAILED |
 //! | `idempotency_sweeper_runs_total` | counter | | sweeper passes that completed |
 //! | `idempotency_sweeper_last_run_timestamp_seconds` | gauge | | Unix time at the end of the last completed sweeper pass |
@@ -37,6 +39,8 @@ pub(crate) const CLAIM_SECONDS: &str = "idempotency_claim_seconds";
 pub(crate) const COMMIT_SECONDS: &str = "idempotency_commit_seconds";
 pub(crate) const PURGED: &str = "idempotency_purged_total";
 pub(crate) const ARCHIVED: &str = "idempotency_archived_total";
+pub(crate) const ARCHIVE_ERRORS: &str = "idempotency_archive_errors_total";
+pub(crate) const ARCHIVE_LAG: &str = "idempotency_archive_lag_seconds";
 pub(crate) const STALE_PROCESSING: &str = "idempotency_stale_processing";
 pub(crate) const STALE_OLDEST_SECONDS: &str = "idempotency_stale_processing_oldest_seconds";
 pub(crate) const STALE_MARKED_FAILED: &str = "idempotency_stale_marked_failed_total";
@@ -119,6 +123,14 @@ pub(crate) fn purged(table: &'static str, rows: u64) {
 
 pub(crate) fn archived(rows: u64) {
     metrics::counter!(ARCHIVED).increment(rows);
+}
+
+pub(crate) fn archive_failed(archive: &'static str) {
+    metrics::counter!(ARCHIVE_ERRORS, "archive" => archive).increment(1);
+}
+
+pub(crate) fn archive_lag(behind: Duration) {
+    metrics::gauge!(ARCHIVE_LAG).set(behind.as_secs_f64());
 }
 
 pub(crate) fn stale_processing(count: u64, oldest: Option<Duration>) {

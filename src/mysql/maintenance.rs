@@ -14,8 +14,9 @@ use super::conn::micros;
 use super::sql;
 use crate::engine::error::Error;
 use crate::engine::key::{RecordId, hex};
-use crate::engine::record::{Backlog, StoredRow, SweepBatch};
+use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
+use crate::ops::archive::{ArchivedRow, ExportStamp};
 use crate::store::{MaintenanceStore, rows};
 
 /// Rows settled per round trip: a batch's statements are sent as one multi-statement text
@@ -212,6 +213,53 @@ impl MaintenanceStore for MySqlStore {
                 self.sweep_locked(select, Key::Archived, &statements).await
             }
         }
+    }
+
+    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
+        let (success, failure) = (micros(r.success_grace), micros(r.failure_retention));
+        let keep = r.archive.is_some_and(|a| a.keeps_response());
+        let query = self
+            .query(sql::EXPORT_RECORDS)
+            .bind(keep)
+            .bind(keep)
+            .bind(keep)
+            .bind(success.min(failure))
+            .bind(success)
+            .bind(failure)
+            .bind(r.limit);
+        self.rows(query, rows::archived_row).await
+    }
+
+    /// One statement per record (see [`MySqlStore::sweep_locked`] for why never `IN (…)`),
+    /// sent [`ROWS_PER_ROUND_TRIP`] at a time in one short transaction, lock waits bounded
+    /// to one second.
+    async fn purge_exported(&self, stamps: &[ExportStamp]) -> Result<u64, Error> {
+        if stamps.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.begin_internal(1).await?;
+        let mut deleted = 0;
+        for chunk in stamps.chunks(ROWS_PER_ROUND_TRIP) {
+            // The id's bytes and two integers: nothing of anyone's reaches the text.
+            let mut text = String::new();
+            for stamp in chunk {
+                text.push_str(sql::PURGE_EXPORTED_ONE);
+                text.push_str("id = ");
+                push_hex(&mut text, stamp.id.as_bytes());
+                text.push_str(
+                    &sql::PURGE_EXPORTED_TIMES
+                        .replace("{created}", &stamp.created_us.to_string())
+                        .replace("{updated}", &stamp.updated_us.to_string()),
+                );
+                text.push_str(";\n");
+            }
+            deleted += ::sqlx::raw_sql(AssertSqlSafe(text))
+                .execute(conn.connection_mut())
+                .await?
+                .rows_affected();
+        }
+        conn.finish(true).await?;
+        Ok(deleted)
     }
 
     async fn stale_summary(&self) -> Result<Backlog, Error> {

@@ -217,17 +217,27 @@ pub(super) const INBOX_ATTEMPTS: &str =
 // that key's equality on the primary key, deletes (or marks) exactly those rows, and
 // `COMMIT`.
 
+/// The condition of an expired record past its state's retention: `?` the smaller
+/// retention, success grace, failure retention (microseconds).
+macro_rules! expired_where {
+    () => {
+        "WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+           AND CASE state \
+               WHEN 'SUCCESS' THEN expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+               ELSE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+                    AND (state = 'FAILED' OR locked_until IS NULL \
+                         OR locked_until <= UTC_TIMESTAMP(6)) \
+               END "
+    };
+}
 /// The keys of expired records past their state's retention, oldest first, a bounded
 /// batch, skipping locked rows. `?` the smaller retention, success grace, failure
 /// retention (microseconds), batch size.
-pub(super) const PURGE_RECORDS: &str = "SELECT id FROM idempotency_records \
-    WHERE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
-      AND CASE state \
-          WHEN 'SUCCESS' THEN expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
-          ELSE expires_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
-               AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6)) \
-          END \
-    ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED";
+pub(super) const PURGE_RECORDS: &str = concat!(
+    "SELECT id FROM idempotency_records ",
+    expired_where!(),
+    "ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED"
+);
 /// Deletes one record [`PURGE_RECORDS`] locked, followed by its key's equality.
 pub(super) const PURGE_RECORDS_ONE: &str = "DELETE FROM idempotency_records WHERE ";
 /// The archive's `INSERT … SELECT` of one record, its response columns `$response`.
@@ -399,6 +409,23 @@ macro_rules! record_info {
 /// Admin: a record by id. `?` id.
 pub(super) const ADMIN_RECORD: &str =
     concat!(record_info!(), " FROM idempotency_records WHERE id = ?");
+/// The records [`PURGE_RECORDS`] would purge, for an archive sink (`rows::archived_row`):
+/// read, not locked. `?` ×3 whether the response is exported, then [`PURGE_RECORDS`]'
+/// parameters.
+pub(super) const EXPORT_RECORDS: &str = concat!(
+    record_info!(),
+    ", TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at), \
+     TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', updated_at), \
+     CASE WHEN ? THEN headers END, CASE WHEN ? THEN body END, \
+     CASE WHEN ? THEN body_key_id END FROM idempotency_records ",
+    expired_where!(),
+    "ORDER BY expires_at LIMIT ?"
+);
+/// Deletes one exported record if it is still as exported, followed by its id's equality
+/// and [`PURGE_EXPORTED_TIMES`] with its two times in microseconds.
+pub(super) const PURGE_EXPORTED_ONE: &str = "DELETE FROM idempotency_records WHERE ";
+pub(super) const PURGE_EXPORTED_TIMES: &str = " AND TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', created_at) = {created} \
+     AND TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', updated_at) = {updated}";
 /// Admin: a record's archived copies, newest first (`rows::archived_record`). `?` id.
 pub(super) const ADMIN_ARCHIVED: &str = concat!(
     "SELECT id, scope, idempotency_key, state, retryable, status, fingerprint, fencing_token, ",

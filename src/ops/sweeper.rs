@@ -35,8 +35,8 @@
 //! # }
 //! ```
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
@@ -46,6 +46,7 @@ use crate::engine::error::Error;
 use crate::engine::key::hex;
 use crate::engine::record::{Archive, RetentionParams, SweepBatch};
 use crate::engine::telemetry;
+use crate::ops::archive::{ArchiveSink, DynSink};
 use crate::store::{IntoStore, MaintenanceStore, Store};
 
 /// The shortest pause between two batches. The pause is at least as long as the batch
@@ -73,7 +74,9 @@ const STALE_IDS_LOGGED: i64 = 10;
 /// | name | kind | labels | meaning |
 /// | --- | --- | --- | --- |
 /// | `idempotency_purged_total` | counter | `table` = `idempotency_records`, `inbox_messages`, `idempotency_outbox` or `idempotency_records_archive` | rows deleted |
-/// | `idempotency_archived_total` | counter | | records written to the archive before they were purged ([`archive`](Sweeper::archive)) |
+/// | `idempotency_archived_total` | counter | | records written to the archive (table or sink) before they were purged ([`archive`](Sweeper::archive), [`archive_to`](Sweeper::archive_to)) |
+/// | `idempotency_archive_errors_total` | counter | `archive` = `table` or `sink` | runs whose archiving failed: nothing of the failed batch was purged |
+/// | `idempotency_archive_lag_seconds` | gauge | | how long ago the archive last caught up (0 after a run that archived every record due; grows while runs fail) |
 /// | `idempotency_stale_processing` | gauge | | PROCESSING records past their lease |
 /// | `idempotency_stale_processing_oldest_seconds` | gauge | | how long ago the oldest of them lost its lease (0 when none) |
 /// | `idempotency_stale_marked_failed_total` | counter | | stale records marked FAILED and retryable |
@@ -135,7 +138,11 @@ struct SweeperConfig<D> {
     outbox_failed_retention: Duration,
     mark_stale_failed_after: Option<Duration>,
     archive: Option<Archive>,
+    /// Where archived records go: the built-in table when `None`.
+    sink: Option<Arc<dyn DynSink>>,
     archive_retention: Option<Duration>,
+    /// When the archive last caught up (wrote every record due), for the lag gauge.
+    caught_up: Arc<Mutex<Instant>>,
 }
 
 /// What one [`Sweeper::run_once`] did.
@@ -177,7 +184,9 @@ impl<D: MaintenanceStore> Sweeper<D> {
                 outbox_failed_retention: Duration::from_secs(30 * 24 * 3600),
                 mark_stale_failed_after: None,
                 archive: None,
+                sink: None,
                 archive_retention: None,
+                caught_up: Arc::new(Mutex::new(Instant::now())),
             }),
         }
     }
@@ -209,7 +218,52 @@ impl<D: MaintenanceStore> Sweeper<D> {
     /// ```
     #[must_use]
     pub fn archive(self, what: Archive) -> Self {
-        self.with(|c| c.archive = Some(what))
+        self.with(|c| {
+            c.archive = Some(what);
+            c.sink = None;
+        })
+    }
+
+    /// Archives every record into `sink` before purging it, instead of the built-in table:
+    /// a batch of expired records is read, written to the sink, and then deleted — each
+    /// record only if it is still the one the sink was given, so nothing is deleted that
+    /// the sink does not hold, and a key used again in between keeps its new record. A
+    /// sink that fails deletes nothing: the run ends with [`Error::Archive`] (the other
+    /// tables are still swept), the error is counted and the batch is sent again on the
+    /// next run. Delivery is at least once (a crash between the write and the delete, two
+    /// sweepers on one batch); each row's [`archive_id`](crate::ArchivedRow::archive_id) is
+    /// stable, so the sink can drop repeats. No lock or transaction is held while the sink
+    /// writes; a sink should bound its own writes, since the sweeper waits for them.
+    ///
+    /// `what` says whether the sink receives the stored response ([`Archive::Records`]; a
+    /// body encrypted at rest stays sealed) or metadata only ([`Archive::Metadata`]).
+    /// [`archive_retention`](Self::archive_retention) applies to the built-in table only.
+    ///
+    /// ```no_run
+    /// use axum_idempotency::{Archive, ArchiveSink, ArchivedRow, BoxError, Sweeper};
+    ///
+    /// struct Log;
+    ///
+    /// impl ArchiveSink for Log {
+    ///     async fn write(&self, rows: &[ArchivedRow]) -> Result<(), BoxError> {
+    ///         for row in rows {
+    ///             println!("{} {} {}", row.archive_id, row.record.state, row.record.status);
+    ///         }
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// # async fn run(pool: deadpool_postgres::Pool) {
+    /// let sweeper = Sweeper::new(pool).archive_to(Log, Archive::Metadata).spawn();
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn archive_to(self, sink: impl ArchiveSink, what: Archive) -> Self {
+        let sink: Arc<dyn DynSink> = Arc::new(sink);
+        self.with(|c| {
+            c.archive = Some(what);
+            c.sink = Some(sink);
+        })
     }
 
     /// Deletes archived records once they were archived this long ago. Default: archived
@@ -312,7 +366,19 @@ impl<D: MaintenanceStore> Sweeper<D> {
             archive: config.archive,
             ..retention
         };
-        let purged_records = self.batches(SweepBatch::PurgeRecords(records)).await?;
+        // A failed record purge (a failing sink, above all) does not keep the other tables
+        // from being swept; the run reports it at the end.
+        let mut failed = None;
+        let purged_records = match &config.sink {
+            Some(sink) => self.export_batches(&**sink, records).await,
+            None => self.batches(SweepBatch::PurgeRecords(records)).await,
+        };
+        let purged_records = self
+            .archive_outcome(purged_records)
+            .unwrap_or_else(|error| {
+                failed = Some(error);
+                0
+            });
         telemetry::purged("idempotency_records", purged_records);
         let archived_records = if config.archive.is_some() {
             telemetry::archived(purged_records);
@@ -357,6 +423,9 @@ impl<D: MaintenanceStore> Sweeper<D> {
             _ => 0,
         };
 
+        if let Some(error) = failed {
+            return Err(error);
+        }
         let report = SweepReport {
             purged_records,
             purged_messages,
@@ -370,6 +439,66 @@ impl<D: MaintenanceStore> Sweeper<D> {
         tracing::debug!(?report, "sweep finished");
         telemetry::sweeper_ran();
         Ok(report)
+    }
+
+    /// Counts a failed archive and sets the lag gauge (when archiving).
+    fn archive_outcome(&self, purged: Result<u64, Error>) -> Result<u64, Error> {
+        let config = &*self.config;
+        if config.archive.is_none() {
+            return purged;
+        }
+        let mut caught_up = config.caught_up.lock().unwrap_or_else(|e| e.into_inner());
+        match &purged {
+            Ok(_) => *caught_up = Instant::now(),
+            Err(error) => {
+                let into = if config.sink.is_some() {
+                    "sink"
+                } else {
+                    "table"
+                };
+                telemetry::archive_failed(into);
+                tracing::warn!(
+                    error = error as &dyn std::error::Error,
+                    archive = into,
+                    behind_seconds = caught_up.elapsed().as_secs(),
+                    "archiving expired idempotency records failed; nothing of the batch was \
+                     purged, it is retried on the next run"
+                );
+            }
+        }
+        telemetry::archive_lag(match purged {
+            Ok(_) => Duration::ZERO,
+            Err(_) => caught_up.elapsed(),
+        });
+        purged
+    }
+
+    /// Sink batches: read a batch, write it to the sink, delete what is still as written;
+    /// until a batch is short, or none of it could be deleted (rows live requests hold, or
+    /// changed since: sent again next run).
+    async fn export_batches(
+        &self,
+        sink: &dyn DynSink,
+        records: RetentionParams,
+    ) -> Result<u64, Error> {
+        let store = &self.config.store;
+        let batch_size = usize::try_from(self.config.batch_size).unwrap_or(usize::MAX);
+        let mut total = 0;
+        loop {
+            let started = tokio::time::Instant::now();
+            let rows = store.export_batch(records).await?;
+            if rows.is_empty() {
+                return Ok(total);
+            }
+            sink.write_dyn(&rows).await.map_err(Error::Archive)?;
+            let stamps: Vec<_> = rows.iter().map(|row| row.stamp).collect();
+            let purged = store.purge_exported(&stamps).await?;
+            total += purged;
+            if rows.len() < batch_size || purged == 0 {
+                return Ok(total);
+            }
+            tokio::time::sleep(started.elapsed().max(MIN_BATCH_PAUSE)).await;
+        }
     }
 
     /// Runs a batched statement until a batch affects fewer rows than the batch size.

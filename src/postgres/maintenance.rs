@@ -5,8 +5,10 @@ use super::PgStore;
 use super::statement;
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Backlog, StoredRow, SweepBatch};
+use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
+use crate::ops::archive::{ArchivedRow, ExportStamp};
+use crate::store::sql::export_columns;
 use crate::store::{MaintenanceStore, rows};
 
 impl MaintenanceStore for PgStore {
@@ -56,6 +58,26 @@ impl MaintenanceStore for PgStore {
             }
         };
         Ok(affected)
+    }
+
+    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
+        let (success, failure) = (
+            r.success_grace.as_secs_f64(),
+            r.failure_retention.as_secs_f64(),
+        );
+        let keep = r.archive.is_some_and(|a| a.keeps_response());
+        self.rows(
+            &statement::EXPORT_RECORDS,
+            &[&success, &failure, &success.min(failure), &r.limit, &keep],
+            rows::archived_row,
+        )
+        .await
+    }
+
+    async fn purge_exported(&self, stamps: &[ExportStamp]) -> Result<u64, Error> {
+        let (ids, created, updated) = export_columns(stamps);
+        self.execute(&statement::PURGE_EXPORTED, &[&ids, &created, &updated])
+            .await
     }
 
     async fn stale_summary(&self) -> Result<Backlog, Error> {

@@ -158,6 +158,20 @@ pub(crate) const MARK_STALE_FAILED: Sql = Sql {
     text: sql::MARK_STALE_FAILED,
     types: &[Type::FLOAT8, Type::INT8],
 };
+pub(crate) const EXPORT_RECORDS: Sql = Sql {
+    text: sql::EXPORT_RECORDS,
+    types: &[
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::FLOAT8,
+        Type::INT8,
+        Type::BOOL,
+    ],
+};
+pub(crate) const PURGE_EXPORTED: Sql = Sql {
+    text: sql::PURGE_EXPORTED,
+    types: &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::INT8_ARRAY],
+};
 pub(crate) const ADMIN_RECORD: Sql = Sql {
     text: sql::ADMIN_RECORD,
     types: &[Type::UUID],
@@ -289,6 +303,8 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
     &STALE_SUMMARY,
     &STALE_IDS,
     &MARK_STALE_FAILED,
+    &EXPORT_RECORDS,
+    &PURGE_EXPORTED,
     &ADMIN_RECORD,
     &ADMIN_ARCHIVED,
     &ADMIN_STALE,

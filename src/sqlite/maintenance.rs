@@ -9,6 +9,7 @@ use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
+use crate::ops::archive::{ArchivedRow, ExportStamp};
 use crate::store::{MaintenanceStore, rows};
 
 impl SqliteStore {
@@ -98,6 +99,42 @@ impl MaintenanceStore for SqliteStore {
                 .bind(limit),
         };
         Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+
+    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
+        let (success, failure) = (
+            r.success_grace.as_secs_f64(),
+            r.failure_retention.as_secs_f64(),
+        );
+        let query = self
+            .query(sql::EXPORT_RECORDS)
+            .bind(success)
+            .bind(failure)
+            .bind(success.min(failure))
+            .bind(r.limit)
+            .bind(r.archive.is_some_and(|a| a.keeps_response()));
+        self.rows(query, rows::archived_row).await
+    }
+
+    /// Under the write lock (`BEGIN IMMEDIATE`) for the batch only.
+    async fn purge_exported(&self, stamps: &[ExportStamp]) -> Result<u64, Error> {
+        if stamps.is_empty() {
+            return Ok(0);
+        }
+        let mut tx = self.pool.begin_with(sql::BEGIN_IMMEDIATE).await?;
+        let mut deleted = 0;
+        for stamp in stamps {
+            deleted += self
+                .query(sql::PURGE_EXPORTED)
+                .bind(&stamp.id.as_bytes()[..])
+                .bind(stamp.created_us)
+                .bind(stamp.updated_us)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(deleted)
     }
 
     async fn stale_summary(&self) -> Result<Backlog, Error> {

@@ -319,6 +319,20 @@ macro_rules! select_message {
 
 /// As `ADMIN_RECORD`. `?1` record id.
 pub(super) const ADMIN_RECORD: &str = select_record!(" FROM idempotency_records WHERE id = ?1");
+/// As `EXPORT_RECORDS`: the records [`PURGE_RECORDS`] would purge, with its parameters;
+/// the response's columns only when `?5`.
+pub(super) const EXPORT_RECORDS: &str = select_record!(
+    ", CAST(round(created_at * 1e6) AS INTEGER), CAST(round(updated_at * 1e6) AS INTEGER), \
+     CASE WHEN ?5 THEN headers END, CASE WHEN ?5 THEN body END, \
+     CASE WHEN ?5 THEN body_key_id END FROM idempotency_records WHERE rowid IN (",
+    expired_rowids!(),
+    ") ORDER BY expires_at"
+);
+/// Deletes an exported record if it is still as exported: `?1` id, `?2` and `?3` its
+/// creation and update times in microseconds.
+pub(super) const PURGE_EXPORTED: &str = "DELETE FROM idempotency_records WHERE id = ?1 \
+    AND CAST(round(created_at * 1e6) AS INTEGER) = ?2 \
+    AND CAST(round(updated_at * 1e6) AS INTEGER) = ?3";
 /// As `ADMIN_ARCHIVED`. `?1` id.
 pub(super) const ADMIN_ARCHIVED: &str = "SELECT id, scope, idempotency_key, state, retryable, \
     status, fingerprint, fencing_token, CAST(created_at AS REAL), CAST(updated_at AS REAL), \

@@ -6,8 +6,10 @@ use ::sqlx::Row;
 use super::SqlxStore;
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Backlog, StoredRow, SweepBatch};
+use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
+use crate::ops::archive::{ArchivedRow, ExportStamp};
+use crate::store::sql::export_columns;
 use crate::store::{MaintenanceStore, rows, sql};
 
 impl MaintenanceStore for SqlxStore {
@@ -54,6 +56,33 @@ impl MaintenanceStore for SqlxStore {
                 .bind(limit),
         };
         Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+
+    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
+        let (success, failure) = (
+            r.success_grace.as_secs_f64(),
+            r.failure_retention.as_secs_f64(),
+        );
+        let query = self
+            .query(sql::EXPORT_RECORDS)
+            .bind(success)
+            .bind(failure)
+            .bind(success.min(failure))
+            .bind(r.limit)
+            .bind(r.archive.is_some_and(|a| a.keeps_response()));
+        self.rows(query, rows::archived_row).await
+    }
+
+    async fn purge_exported(&self, stamps: &[ExportStamp]) -> Result<u64, Error> {
+        let (ids, created, updated) = export_columns(stamps);
+        Ok(self
+            .query(sql::PURGE_EXPORTED)
+            .bind(ids)
+            .bind(created)
+            .bind(updated)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
     }
 
     async fn stale_summary(&self) -> Result<Backlog, Error> {

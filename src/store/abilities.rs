@@ -10,9 +10,11 @@ use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement};
 use crate::engine::record::{
-    Backlog, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord, StoredRow, SweepBatch,
+    Backlog, InboxClaim, InboxWrite, LeaseClaim, LeaseEnd, NewRecord, RetentionParams, StoredRow,
+    SweepBatch,
 };
 use crate::engine::view::{ArchivedRecord, InboxFailures, MessageInfo, OutboxInfo, RecordInfo};
+use crate::ops::archive::{ArchivedRow, ExportStamp};
 
 /// Lease mode ([`IdempotentLease`](crate::IdempotentLease)): a PROCESSING record committed
 /// before the handler runs, and its fenced completion. The layer asks for it, since any
@@ -181,6 +183,22 @@ pub trait MaintenanceStore: Store {
     /// One autocommit batch of the sweeper; the rows it affected.
     #[doc(hidden)]
     fn sweep_batch(&self, batch: SweepBatch) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// A batch of the records `retention` would purge, for an archive sink, the response
+    /// included when `retention.archive` keeps it: read, not locked.
+    #[doc(hidden)]
+    fn export_batch(
+        &self,
+        retention: RetentionParams,
+    ) -> impl Future<Output = Result<Vec<ArchivedRow>, Error>> + Send;
+
+    /// Deletes the exported records still as they were exported (same id, creation and
+    /// update time), skipping rows a live request holds; the rows deleted.
+    #[doc(hidden)]
+    fn purge_exported(
+        &self,
+        stamps: &[ExportStamp],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
 
     #[doc(hidden)]
     fn stale_summary(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;

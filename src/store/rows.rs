@@ -2,10 +2,12 @@
 //! statement of [`sql`](super::sql) in that statement's order, through [`Row`], which each
 //! driver implements for its own row type with `impl_row!`.
 
-use crate::engine::key::hex;
+use crate::engine::key::{RecordId, hex};
+use crate::engine::record::decode_headers;
 use crate::engine::record::{RecordRow, StoredRow};
 use crate::engine::view::InboxFailures;
 use crate::engine::view::{ArchivedRecord, MessageInfo, OutboxInfo, RecordInfo, epoch};
+use crate::ops::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
 
 /// A driver's result row, read by column position.
 pub(crate) trait Row {
@@ -80,6 +82,32 @@ pub(crate) fn record_info<R: Row>(row: &R) -> Result<RecordInfo, R::Error> {
         expires_at: epoch(row.f64(10)?),
         locked_until: row.opt_f64(11)?.map(epoch),
         response_bytes: usize::try_from(row.i64(12)?).unwrap_or(usize::MAX),
+    })
+}
+
+/// The columns of an export query (`EXPORT_RECORDS`): [`record_info`]'s, then the
+/// creation and update times in whole microseconds (the purge's match), and the response's
+/// headers, body and body key id (all `NULL` when the response is not archived).
+pub(crate) fn archived_row<R: Row>(row: &R) -> Result<ArchivedRow, R::Error> {
+    let record = record_info(row)?;
+    let stamp = ExportStamp {
+        id: RecordId::from_slice(&row.bytes(0)?),
+        created_us: row.i64(13)?,
+        updated_us: row.i64(14)?,
+    };
+    let response = match (row.opt_bytes(15)?, row.opt_bytes(16)?) {
+        (Some(headers), Some(body)) => Some(ArchivedResponse {
+            headers: decode_headers(&headers),
+            body: body.into(),
+            body_key_id: row.opt_i16(17)?,
+        }),
+        _ => None,
+    };
+    Ok(ArchivedRow {
+        archive_id: format!("{}-{}", record.id, stamp.created_us),
+        record,
+        response,
+        stamp,
     })
 }
 

@@ -142,16 +142,23 @@ pub(crate) const INBOX_RECORD_FAILURE: &str = "INSERT INTO inbox_messages AS m \
     RETURNING attempts";
 
 /// The ids of a batch of records [`PURGE_RECORDS`] purges, locked.
-macro_rules! expired_records {
+macro_rules! expired_where {
     () => {
-        "SELECT id FROM idempotency_records \
-         WHERE expires_at <= now() - make_interval(secs => $3) \
+        "WHERE expires_at <= now() - make_interval(secs => $3) \
            AND CASE state \
                WHEN 'SUCCESS' THEN expires_at <= now() - make_interval(secs => $1) \
                ELSE expires_at <= now() - make_interval(secs => $2) \
                     AND (state = 'FAILED' OR locked_until IS NULL OR locked_until <= now()) \
-               END \
-         LIMIT $4 FOR UPDATE SKIP LOCKED"
+               END "
+    };
+}
+macro_rules! expired_records {
+    () => {
+        concat!(
+            "SELECT id FROM idempotency_records ",
+            expired_where!(),
+            "LIMIT $4 FOR UPDATE SKIP LOCKED"
+        )
     };
 }
 
@@ -183,6 +190,32 @@ pub(crate) const PURGE_RECORDS_ARCHIVING: &str = concat!(
        ON CONFLICT (id, created_at) DO NOTHING) \
      SELECT count(*) FROM purged"
 );
+/// The records [`PURGE_RECORDS`] would purge, with its parameters, for an archive sink
+/// (`rows::archived_row`): read, not locked; the response's columns only when `$5`.
+pub(crate) const EXPORT_RECORDS: &str = concat!(
+    "SELECT uuid_send(id), scope, idempotency_key, state, retryable, status, \
+     fingerprint, fencing_token, extract(epoch FROM created_at)::float8, \
+     extract(epoch FROM updated_at)::float8, extract(epoch FROM expires_at)::float8, \
+     extract(epoch FROM locked_until)::float8, \
+     (octet_length(headers) + octet_length(body))::bigint, \
+     (extract(epoch FROM created_at) * 1000000)::int8, \
+     (extract(epoch FROM updated_at) * 1000000)::int8, \
+     CASE WHEN $5 THEN headers END, CASE WHEN $5 THEN body END, \
+     CASE WHEN $5 THEN body_key_id END \
+     FROM idempotency_records ",
+    expired_where!(),
+    "ORDER BY expires_at LIMIT $4"
+);
+/// Deletes the exported records that are still as exported: `$1` ids (32 hex digits), `$2`
+/// and `$3` their creation and update times in microseconds, skipping rows a live request
+/// holds.
+pub(crate) const PURGE_EXPORTED: &str = "DELETE FROM idempotency_records WHERE id IN ( \
+    SELECT r.id FROM idempotency_records r \
+    JOIN unnest($1::text[], $2::int8[], $3::int8[]) AS x(id, created_us, updated_us) \
+      ON r.id = x.id::uuid \
+    WHERE (extract(epoch FROM r.created_at) * 1000000)::int8 = x.created_us \
+      AND (extract(epoch FROM r.updated_at) * 1000000)::int8 = x.updated_us \
+    FOR UPDATE OF r SKIP LOCKED)";
 /// Archived records archived more than `$1` seconds ago, `$2` at most.
 pub(crate) const PURGE_ARCHIVE: &str = "DELETE FROM idempotency_records_archive \
     WHERE (id, created_at) IN (SELECT id, created_at FROM idempotency_records_archive \
@@ -437,3 +470,16 @@ pub(crate) const SCHEMA_VERSION: &str =
 /// Records an applied version. `$1` version, `$2` name.
 pub(crate) const RECORD_MIGRATION: &str =
     "INSERT INTO axum_idempotency_migrations (version, name) VALUES ($1, $2)";
+
+/// The arrays [`PURGE_EXPORTED`] takes: ids in hex, creation and update microseconds.
+pub(crate) fn export_columns(
+    stamps: &[crate::ops::archive::ExportStamp],
+) -> (Vec<String>, Vec<i64>, Vec<i64>) {
+    let ids = stamps
+        .iter()
+        .map(|s| crate::engine::key::hex(s.id.as_bytes()))
+        .collect();
+    let created = stamps.iter().map(|s| s.created_us).collect();
+    let updated = stamps.iter().map(|s| s.updated_us).collect();
+    (ids, created, updated)
+}
