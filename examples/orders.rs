@@ -44,7 +44,10 @@
 //! `RECORD_TTL_SECS` sets how long a key's record is replayed (default 24 h);
 //! `SWEEP_INTERVAL_SECS` runs the crate's sweeper in this process at that interval, which
 //! archives a record into `idempotency_records_archive` and purges it once its TTL has
-//! passed. A key whose record was purged runs again as new; its archived row stays.
+//! passed. A key whose record was purged runs again as new; its archived row stays. With
+//! `ARCHIVE_JSONL=archive.jsonl` as well, the sweeper archives into that file of JSON lines
+//! instead (`examples/support/jsonl_archive.rs`: a sink written against the crate's
+//! `ArchiveSink`).
 //!
 //! `GET /metrics` serves the crate's metrics in the Prometheus text format. `RUST_LOG`
 //! (e.g. `axum_idempotency=debug,tower_http=debug`) controls the log output.
@@ -72,6 +75,8 @@ mod console;
 mod errors;
 #[path = "support/json.rs"]
 mod json;
+#[path = "support/jsonl_archive.rs"]
+mod jsonl_archive;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/orders_db/mod.rs"]

@@ -8,7 +8,7 @@
 //! curl localhost:3000/metrics
 //! ```
 //!
-//! `RECORD_TTL_SECS` and `SWEEP_INTERVAL_SECS` as in `examples/orders.rs`.
+//! `RECORD_TTL_SECS`, `SWEEP_INTERVAL_SECS` and `ARCHIVE_JSONL` as in `examples/orders.rs`.
 //!
 //! `PREPARED_STATEMENTS=false` (for a PgBouncer without prepared-statement support) sends
 //! the layer's statements and the handlers' unprepared.
@@ -39,6 +39,8 @@ mod console;
 mod errors;
 #[path = "support/json.rs"]
 mod json;
+#[path = "support/jsonl_archive.rs"]
+mod jsonl_archive;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]

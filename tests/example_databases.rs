@@ -21,6 +21,7 @@ async fn start_in(dir: &Path, env: &[(&str, &str)]) -> (tokio::process::Child, S
         .env_remove("DATABASE_URL")
         .env_remove("AMQP_URL")
         .env_remove("ADMIN_PASSWORD")
+        .env_remove("ARCHIVE_JSONL")
         .env("BIND_ADDR", "127.0.0.1:0")
         .stdout(Stdio::piped())
         .kill_on_drop(true);
@@ -321,6 +322,83 @@ async fn record_ttl_and_sweep_interval_archive_and_free_a_key() {
             .await
             .unwrap();
     assert_eq!(bodies, [first.into_bytes(), again.into_bytes()]);
+    stop(child).await;
+}
+
+/// `ARCHIVE_JSONL`: the sweeper archives into a file of JSON lines (the example's
+/// `ArchiveSink`) instead of the table; each purged record is one line, its answer kept, and
+/// a restarted service appends to the same file.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_jsonl_writes_each_purged_record_to_the_file_once() {
+    let dir = TempDir::new();
+    let env = [
+        ("RECORD_TTL_SECS", "1"),
+        ("SWEEP_INTERVAL_SECS", "1"),
+        ("ARCHIVE_JSONL", "archive.jsonl"),
+    ];
+    let file = dir.0.join("archive.jsonl");
+    let lines = || -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .map(|line| serde_json::from_str(line).unwrap())
+            .collect()
+    };
+    let wait_for = async |n: usize| {
+        for _ in 0..100 {
+            if lines().len() >= n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        lines()
+    };
+    let (child, addr) = start_in(&dir.0, &env).await;
+    let (status, first, _) = replayed_header(&addr, "jsonl-1").await;
+    assert_eq!(status, 201, "{first}");
+    let archived = wait_for(1).await;
+    assert_eq!(archived.len(), 1, "{archived:?}");
+    let line = &archived[0];
+    assert_eq!(line["scope"], "1001");
+    assert_eq!(
+        (line["state"].as_str(), line["status"].as_u64()),
+        (Some("SUCCESS"), Some(201))
+    );
+    assert_eq!(
+        line["response"]["body"],
+        first.as_str(),
+        "the answer is kept"
+    );
+    let id = line["id"].as_str().unwrap();
+    assert!(
+        line["archive_id"].as_str().unwrap().starts_with(id),
+        "{line}"
+    );
+    stop(child).await;
+
+    let (child, addr) = start_in(&dir.0, &env).await;
+    let (status, again, replayed) = replayed_header(&addr, "jsonl-1").await;
+    assert_eq!((status, replayed), (201, false), "{again}");
+    let archived = wait_for(2).await;
+    assert_eq!(archived.len(), 2, "{archived:?}");
+    assert_eq!(archived[1]["response"]["body"], again.as_str());
+    assert_ne!(archived[0]["archive_id"], archived[1]["archive_id"]);
+    let db = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new().filename(dir.0.join("orders.db")),
+    )
+    .await
+    .unwrap();
+    let counts: (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM idempotency_records), \
+                (SELECT count(*) FROM idempotency_records_archive)",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(counts, (0, 0), "purged, and not into the table");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(lines().len(), 2, "nothing written twice");
     stop(child).await;
 }
 

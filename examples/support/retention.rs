@@ -2,18 +2,25 @@
 //! (default 24 h), and `SWEEP_INTERVAL_SECS` runs a [`Sweeper`] in the process at that
 //! interval, which archives a record into `idempotency_records_archive` and purges it as
 //! soon as its TTL has passed (no extra grace). A key whose record was purged runs again as
-//! a new request; its archived row stays.
+//! a new request; its archived row stays. With `ARCHIVE_JSONL` naming a file, the sweeper
+//! archives into that file of JSON lines instead of the table (`jsonl_archive.rs`).
 
+use std::sync::Mutex;
 use std::time::Duration;
 
 use axum_idempotency::{
     Archive, IdempotencyLayer, IntoStore, LeaseStore, MaintenanceStore, Sweeper, SweeperHandle,
 };
 
-/// `RECORD_TTL_SECS` and `SWEEP_INTERVAL_SECS`, when set.
+use crate::jsonl_archive::JsonLines;
+
+/// `RECORD_TTL_SECS`, `SWEEP_INTERVAL_SECS` and `ARCHIVE_JSONL`, when set.
 pub(crate) struct Retention {
     ttl: Option<Duration>,
     sweep_every: Option<Duration>,
+    /// Opened at start (so a path that cannot be written fails the start), taken by the
+    /// sweeper.
+    jsonl: Mutex<Option<JsonLines>>,
 }
 
 impl Retention {
@@ -27,9 +34,14 @@ impl Retention {
             },
             Err(_) => Ok(None),
         };
+        let jsonl = match std::env::var_os("ARCHIVE_JSONL") {
+            Some(path) => Some(JsonLines::open(path)?),
+            None => None,
+        };
         Ok(Self {
             ttl: seconds("RECORD_TTL_SECS")?,
             sweep_every: seconds("SWEEP_INTERVAL_SECS")?,
+            jsonl: Mutex::new(jsonl),
         })
     }
 
@@ -48,12 +60,13 @@ impl Retention {
         P::Store: MaintenanceStore + Send + Sync + 'static,
     {
         let every = self.sweep_every?;
-        Some(
-            Sweeper::new(pool)
-                .interval(every)
-                .success_grace(Duration::ZERO)
-                .archive(Archive::Records)
-                .spawn(),
-        )
+        let sweeper = Sweeper::new(pool)
+            .interval(every)
+            .success_grace(Duration::ZERO);
+        let sweeper = match self.jsonl.lock().unwrap().take() {
+            Some(file) => sweeper.archive_to(file, Archive::Records),
+            None => sweeper.archive(Archive::Records),
+        };
+        Some(sweeper.spawn())
     }
 }
