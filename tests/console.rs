@@ -595,6 +595,48 @@ async fn scenario() {
     assert!(body.contains("\"amount\":299"), "{body}");
     browser.screenshot("key-body").await;
 
+    // A key whose record the sweeper archived: listed with its answer, on request.
+    assert_eq!(
+        http(&addr, &post_order("console-archived", 412)).await.0,
+        201
+    );
+    let admin = axum_idempotency::Admin::new(db.pool.clone());
+    let id = admin
+        .lookup("1001", "console-archived")
+        .await
+        .unwrap()
+        .unwrap()
+        .id;
+    db.admin
+        .batch_execute(&format!(
+            "UPDATE {}.idempotency_records SET expires_at = now() - interval '1 second' \
+             WHERE id = '{id}'::uuid",
+            db.schema
+        ))
+        .await
+        .unwrap();
+    let report = axum_idempotency::Sweeper::new(db.pool.clone())
+        .archive(axum_idempotency::Archive::Records)
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.archived_records, 1, "{report:?}");
+    browser
+        .go(&format!("{base}key?scope=1001&key=console-archived"))
+        .await;
+    assert!(browser.text("#result").await.contains("No record for key"));
+    let archived = browser.text("#archived").await;
+    assert!(
+        archived.contains("SUCCESS") && archived.contains("201"),
+        "{archived}"
+    );
+    browser.click("#show-archived-bodies").await;
+    let answer = browser
+        .text_containing(".archived-body", "\"amount\":412")
+        .await;
+    assert!(answer.contains("\"amount\":412"), "{answer}");
+    browser.screenshot("key-archived").await;
+
     // The hostile key renders as text and runs nothing.
     browser
         .go(&format!(

@@ -438,6 +438,18 @@ async fn the_console_shows_an_archived_key() {
         "the archived record listed: {last}"
     );
     assert!(last.contains("bytes kept"), "{last}");
+    assert!(last.contains("id=\"show-archived-bodies\""), "{last}");
+    let (status, shown) = http(
+        &addr,
+        "GET /admin/key?scope=1001&key=archived-1&body=1 HTTP/1.1\r\nhost: x\r\n\
+         connection: close\r\nauthorization: Basic YWRtaW46c2VjcmV0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status, 200, "{shown}");
+    assert!(
+        shown.contains("<pre class=\"archived-body\">{&quot;order_no&quot;:"),
+        "the archived answer shown: {shown}"
+    );
     let (status, overview) = http(
         &addr,
         "GET /admin/ HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\

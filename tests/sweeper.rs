@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime};
 use axum_idempotency::inbox::Outcome;
 use axum_idempotency::{
     Admin, Archive, ArchiveSink, ArchivedRow, BoxError, Error, IdempotencyLayer, Inbox, InboxError,
-    KeyError, Sweeper,
+    KeyError, ResponseBody, Sweeper,
 };
 use common::recorder::{Capture, Recorder};
 use common::*;
@@ -793,6 +793,12 @@ where
         );
         assert_eq!(found.record.locked_until, None);
         assert!(found.response_kept);
+        let response = found.response.as_ref().expect("the archived answer");
+        assert_eq!(
+            response.body,
+            ResponseBody::Plain(answer.body.clone()),
+            "the archived answer is the one the client got"
+        );
         assert!(
             found.record.response_bytes >= answer.body.len(),
             "{found:?}"

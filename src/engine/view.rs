@@ -52,6 +52,9 @@ pub struct ArchivedRecord {
     /// Whether its stored response (headers and body) was archived with it
     /// ([`Archive::Records`](crate::Archive::Records)).
     pub response_kept: bool,
+    /// The archived response, when it was kept: a body encrypted at rest is opened with the
+    /// [`Admin`](crate::Admin)'s body keys, and stays [`ResponseBody::Sealed`] without them.
+    pub response: Option<StoredResponse>,
 }
 
 /// A consumed message's inbox record, as [`Admin`](crate::Admin) shows it.
@@ -200,7 +203,7 @@ pub struct InboxFailures {
 }
 
 /// A record's stored response, as [`Admin::response`](crate::Admin::response) reads it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StoredResponse {
     /// The response headers the layer kept.

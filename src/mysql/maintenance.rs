@@ -276,7 +276,10 @@ impl MaintenanceStore for MySqlStore {
         Ok(self.rows(query, rows::record_info).await?.pop())
     }
 
-    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+    async fn archived_records(
+        &self,
+        id: RecordId,
+    ) -> Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error> {
         let query = self.query(sql::ADMIN_ARCHIVED).bind(&id.as_bytes()[..]);
         self.rows(query, rows::archived_record).await
     }

@@ -436,8 +436,8 @@ pub(super) const ADMIN_ARCHIVED: &str = concat!(
     epoch!("expires_at"),
     ", CAST(NULL AS DOUBLE), CAST(COALESCE(LENGTH(headers) + LENGTH(body), 0) AS SIGNED), ",
     epoch!("archived_at"),
-    ", CAST(LENGTH(body) AS DOUBLE) FROM idempotency_records_archive WHERE id = ? \
-     ORDER BY created_at DESC"
+    ", CAST(LENGTH(body) AS DOUBLE), headers, body, body_key_id \
+     FROM idempotency_records_archive WHERE id = ? ORDER BY created_at DESC"
 );
 /// Admin: stale leases. `?` limit.
 pub(super) const ADMIN_STALE: &str = concat!(

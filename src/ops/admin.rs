@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::engine::crypto::{self, BodyKeys};
 use crate::engine::error::Error;
 use crate::engine::key::{IdempotencyKey, RecordId};
-use crate::engine::record::decode_headers;
+use crate::engine::record::{StoredRow, decode_headers};
 use crate::engine::view::{
     ArchivedRecord, MessageInfo, OutboxInfo, OutboxState, Overview, Page, RecordInfo, ResponseBody,
     StoredResponse,
@@ -245,7 +245,14 @@ impl<D: MaintenanceStore> Admin<D> {
     pub async fn archived(&self, scope: &str, key: &str) -> Result<Vec<ArchivedRecord>, Error> {
         let key = IdempotencyKey::parse(key.as_bytes()).map_err(Error::InvalidKey)?;
         let id = RecordId::from_parts(scope, key.as_str());
-        self.store.archived_records(id).await
+        let archived = self.store.archived_records(id).await?;
+        Ok(archived
+            .into_iter()
+            .map(|(mut archived, stored)| {
+                archived.response = stored.map(|row| self.open(id, row));
+                archived
+            })
+            .collect())
     }
 
     /// PROCESSING records whose lease has run out, the longest-expired lease first, at most
@@ -351,6 +358,12 @@ impl<D: MaintenanceStore> Admin<D> {
         let Some(row) = self.store.record_response(record).await? else {
             return Ok(None);
         };
+        Ok(Some(self.open(record, row)))
+    }
+
+    /// A stored response as the operator sees it: the body opened with the body keys, or
+    /// sealed without them.
+    fn open(&self, record: RecordId, row: StoredRow) -> StoredResponse {
         let headers = decode_headers(&row.headers);
         let len = row.body.len();
         let body = match (row.body_key_id, &self.body_keys) {
@@ -365,7 +378,7 @@ impl<D: MaintenanceStore> Admin<D> {
                 }
             }
         };
-        Ok(Some(StoredResponse { headers, body }))
+        StoredResponse { headers, body }
     }
 
     /// Releases the stale lease of record `id` held at `fencing_token`, as the

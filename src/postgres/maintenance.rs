@@ -96,7 +96,10 @@ impl MaintenanceStore for PgStore {
             .pop())
     }
 
-    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+    async fn archived_records(
+        &self,
+        id: RecordId,
+    ) -> Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error> {
         self.rows(&statement::ADMIN_ARCHIVED, &[&id], rows::archived_record)
             .await
     }

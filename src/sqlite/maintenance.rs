@@ -156,7 +156,10 @@ impl MaintenanceStore for SqliteStore {
             .pop())
     }
 
-    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+    async fn archived_records(
+        &self,
+        id: RecordId,
+    ) -> Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error> {
         self.rows(
             self.query(sql::ADMIN_ARCHIVED).bind(&id.as_bytes()[..]),
             rows::archived_record,

@@ -338,7 +338,8 @@ pub(super) const ADMIN_ARCHIVED: &str = "SELECT id, scope, idempotency_key, stat
     status, fingerprint, fencing_token, CAST(created_at AS REAL), CAST(updated_at AS REAL), \
     CAST(expires_at AS REAL), CAST(NULL AS REAL), \
     coalesce(length(CAST(headers AS BLOB)) + length(CAST(body AS BLOB)), 0), \
-    CAST(archived_at AS REAL), CAST(length(CAST(body AS BLOB)) AS REAL) \
+    CAST(archived_at AS REAL), CAST(length(CAST(body AS BLOB)) AS REAL), \
+    headers, body, body_key_id \
     FROM idempotency_records_archive WHERE id = ?1 ORDER BY created_at DESC";
 /// As `ADMIN_STALE`. `?1` limit.
 pub(super) const ADMIN_STALE: &str = select_record!(

@@ -101,7 +101,10 @@ impl MaintenanceStore for SqlxStore {
             .pop())
     }
 
-    async fn archived_records(&self, id: RecordId) -> Result<Vec<ArchivedRecord>, Error> {
+    async fn archived_records(
+        &self,
+        id: RecordId,
+    ) -> Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error> {
         self.rows(
             self.query(sql::ADMIN_ARCHIVED).bind(id),
             rows::archived_record,

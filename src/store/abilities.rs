@@ -212,7 +212,7 @@ pub trait MaintenanceStore: Store {
     fn archived_records(
         &self,
         id: RecordId,
-    ) -> impl Future<Output = Result<Vec<ArchivedRecord>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error>> + Send;
 
     #[doc(hidden)]
     fn record_info(

@@ -112,13 +112,26 @@ pub(crate) fn archived_row<R: Row>(row: &R) -> Result<ArchivedRow, R::Error> {
 }
 
 /// The columns of an archived-record query: [`record_info`]'s, then `archived_at` (epoch
-/// seconds) and the archived body's length as a nullable float (`NULL`: not kept).
-pub(crate) fn archived_record<R: Row>(row: &R) -> Result<ArchivedRecord, R::Error> {
-    Ok(ArchivedRecord {
+/// seconds), the archived body's length as a nullable float (`NULL`: not kept), and the
+/// archived headers, body and body key id (for [`Admin`](crate::Admin) to open).
+pub(crate) fn archived_record<R: Row>(
+    row: &R,
+) -> Result<(ArchivedRecord, Option<StoredRow>), R::Error> {
+    let stored = match (row.opt_bytes(15)?, row.opt_bytes(16)?) {
+        (Some(headers), Some(body)) => Some(StoredRow {
+            headers,
+            body,
+            body_key_id: row.opt_i16(17)?,
+        }),
+        _ => None,
+    };
+    let archived = ArchivedRecord {
         record: record_info(row)?,
         archived_at: epoch(row.f64(13)?),
         response_kept: row.opt_f64(14)?.is_some(),
-    })
+        response: None,
+    };
+    Ok((archived, stored))
 }
 
 /// The columns of [`sql::ADMIN_MESSAGE`](super::sql::ADMIN_MESSAGE) and

@@ -353,7 +353,8 @@ pub(crate) const ADMIN_ARCHIVED: &str = "SELECT uuid_send(id), scope, idempotenc
     extract(epoch FROM created_at)::float8, extract(epoch FROM updated_at)::float8, \
     extract(epoch FROM expires_at)::float8, NULL::float8, \
     coalesce(octet_length(headers) + octet_length(body), 0)::bigint, \
-    extract(epoch FROM archived_at)::float8, octet_length(body)::float8 \
+    extract(epoch FROM archived_at)::float8, octet_length(body)::float8, \
+    headers, body, body_key_id \
     FROM idempotency_records_archive WHERE id = $1 ORDER BY created_at DESC";
 /// Admin: stale leases. `$1` limit.
 pub(crate) const ADMIN_STALE: &str = select_record!(

@@ -75,7 +75,7 @@ where
         form.get("done"),
         &session.token,
     );
-    body.push_str(&pages::archived(&archived));
+    body.push_str(&pages::archived(&archived, show_body, scope, key));
     html(&session, "Key", "Key", &body)
 }
 

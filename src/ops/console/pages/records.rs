@@ -153,8 +153,14 @@ pub(crate) fn key(
     s
 }
 
-/// The key's archived records (the sweeper's archive), newest first; nothing when none.
-pub(crate) fn archived(archived: &[ArchivedRecord]) -> String {
+/// The key's archived records (the sweeper's archive), newest first, with their stored
+/// answers when kept and `show_body` (else a link that shows them); nothing when none.
+pub(crate) fn archived(
+    archived: &[ArchivedRecord],
+    show_body: bool,
+    scope: &str,
+    key: &str,
+) -> String {
     if archived.is_empty() {
         return String::new();
     }
@@ -182,6 +188,45 @@ pub(crate) fn archived(archived: &[ArchivedRecord]) -> String {
         );
     }
     s.push_str("</table>");
+    let kept = archived
+        .iter()
+        .filter_map(|a| Some((a, a.response.as_ref()?)));
+    if !show_body {
+        if kept.count() > 0 {
+            let _ = write!(
+                s,
+                "<p><a id=\"show-archived-bodies\" href=\"key?scope={}&amp;key={}&amp;body=1\">\
+                 Show the archived answers</a></p>",
+                url(scope),
+                url(key)
+            );
+        }
+        return s;
+    }
+    for (a, response) in kept {
+        let _ = write!(
+            s,
+            "<h3>Answer of {} ({})</h3>",
+            time(a.record.created_at),
+            a.record.status
+        );
+        match &response.body {
+            ResponseBody::Plain(body) => {
+                let _ = write!(
+                    s,
+                    "<pre class=\"archived-body\">{}</pre>",
+                    escape(&String::from_utf8_lossy(body))
+                );
+            }
+            ResponseBody::Sealed { key_id, len } => {
+                let _ = write!(
+                    s,
+                    "<p class=\"archived-body\">[redacted: {len} bytes encrypted under key id \
+                     {key_id}; give the console the layer's body keys to read it]</p>"
+                );
+            }
+        }
+    }
     s
 }
 
