@@ -1125,10 +1125,10 @@ async fn main() {
     if let Some(records) = options.scale {
         scale_run(&admin, &schema, &pool, servers, records).await;
     } else if let Some(records) = options.sweep {
-        for archive in [None, Some(axum_idempotency::Archive::Records)] {
+        for mode in [SweepMode::Delete, SweepMode::Table, SweepMode::Sink] {
             println!("\nloading {records} expired records …");
             load(&admin, &schema, records, "now() - interval '1 hour'").await;
-            purge_under_load(&pool, servers, archive).await;
+            purge_under_load(&pool, servers, mode).await;
         }
         let size: i64 = admin
             .query_one(
@@ -1510,7 +1510,7 @@ async fn scale_run(
         .batch_execute(&format!("VACUUM ANALYZE {schema}.idempotency_records"))
         .await
         .unwrap();
-    purge_under_load(pool, servers, None).await;
+    purge_under_load(pool, servers, SweepMode::Delete).await;
 }
 
 /// Requests/s and what each request cost the server: WAL bytes and full-page images
@@ -1614,20 +1614,58 @@ async fn load(admin: &tokio_postgres::Client, schema: &str, records: u64, expire
 /// Runs the sweeper, with its defaults, over every expired record (of a freshly vacuumed
 /// table) while serving `new` at concurrency 16, and compares the p99 of all requests served during the purge with a
 /// quiet run just before it.
-async fn purge_under_load(
-    pool: &Pool,
-    servers: Servers,
-    archive: Option<axum_idempotency::Archive>,
-) {
+/// What `--sweep` does with the records it purges.
+#[derive(Clone, Copy)]
+enum SweepMode {
+    /// The defaults: delete.
+    Delete,
+    /// `Sweeper::archive(Archive::Records)`: into `idempotency_records_archive`.
+    Table,
+    /// `Sweeper::archive_to(JsonLinesInMemory, Archive::Records)`: each row serialized.
+    Sink,
+}
+
+/// An archive sink that serializes every row as a JSON line and keeps only the count of
+/// bytes: the export path's own cost, with no disk behind it.
+struct JsonLinesInMemory(std::sync::atomic::AtomicU64);
+
+impl axum_idempotency::ArchiveSink for JsonLinesInMemory {
+    async fn write(
+        &self,
+        rows: &[axum_idempotency::ArchivedRow],
+    ) -> Result<(), axum_idempotency::BoxError> {
+        let mut bytes = 0;
+        for row in rows {
+            let body = row
+                .response
+                .as_ref()
+                .map(|r| String::from_utf8_lossy(&r.body));
+            let line = serde_json::json!({
+                "archive_id": row.archive_id,
+                "scope": row.record.scope,
+                "state": row.record.state,
+                "status": row.record.status,
+                "fingerprint": row.record.fingerprint,
+                "body": body,
+            });
+            bytes += serde_json::to_vec(&line)?.len() as u64 + 1;
+        }
+        self.0
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+async fn purge_under_load(pool: &Pool, servers: Servers, mode: SweepMode) {
     let quiet = run(Variant::New, servers, 16, Load::Requests(3000)).await;
-    let sweeper = match archive {
-        Some(what) => Sweeper::new(pool.clone()).archive(what),
-        None => Sweeper::new(pool.clone()),
-    };
-    let label = if archive.is_some() {
-        "archiving"
-    } else {
-        "defaults"
+    let records = axum_idempotency::Archive::Records;
+    let (sweeper, label) = match mode {
+        SweepMode::Delete => (Sweeper::new(pool.clone()), "defaults"),
+        SweepMode::Table => (Sweeper::new(pool.clone()).archive(records), "archiving"),
+        SweepMode::Sink => (
+            Sweeper::new(pool.clone()).archive_to(JsonLinesInMemory(Default::default()), records),
+            "archiving into a sink",
+        ),
     };
     let purge = tokio::spawn(async move {
         let started = Instant::now();

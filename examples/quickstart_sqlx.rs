@@ -31,7 +31,12 @@ async fn create_order(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt::init(); // RUST_LOG=axum_idempotency=debug shows the crate's logs
-    let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1:5432/postgres").await?;
+    let url = "postgres://postgres@127.0.0.1:5432/postgres";
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_secs(5)) // sqlx waits 30 s by default
+        .connect(url)
+        .await
+        .map_err(|e| format!("could not connect to {url}: {e}"))?;
     axum_idempotency::migrate(&pool).await?;
     let table =
         "CREATE TABLE IF NOT EXISTS quickstart_sqlx_orders (id bigserial PRIMARY KEY, amount int8)";

@@ -326,17 +326,13 @@ async fn record_ttl_and_sweep_interval_archive_and_free_a_key() {
 }
 
 /// `ARCHIVE_JSONL`: the sweeper archives into a file of JSON lines (the example's
-/// `ArchiveSink`) instead of the table; each purged record is one line, its answer kept, and
-/// a restarted service appends to the same file.
+/// `ArchiveSink`) instead of the table; each purged record is one line, its answer kept. A
+/// record the file already holds (written, then the service crashed before the delete) is
+/// purged without a second line.
 #[cfg(feature = "sqlite")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archive_jsonl_writes_each_purged_record_to_the_file_once() {
     let dir = TempDir::new();
-    let env = [
-        ("RECORD_TTL_SECS", "1"),
-        ("SWEEP_INTERVAL_SECS", "1"),
-        ("ARCHIVE_JSONL", "archive.jsonl"),
-    ];
     let file = dir.0.join("archive.jsonl");
     let lines = || -> Vec<serde_json::Value> {
         std::fs::read_to_string(&file)
@@ -345,21 +341,66 @@ async fn archive_jsonl_writes_each_purged_record_to_the_file_once() {
             .map(|line| serde_json::from_str(line).unwrap())
             .collect()
     };
-    let wait_for = async |n: usize| {
-        for _ in 0..100 {
-            if lines().len() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        lines()
+    let count = async |db: &sqlx::SqlitePool, table: &str| -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .fetch_one(db)
+            .await
+            .unwrap()
     };
-    let (child, addr) = start_in(&dir.0, &env).await;
+
+    // A record written to the file by a sweep that crashed before its delete.
+    let (child, addr) = start_in(&dir.0, &[("RECORD_TTL_SECS", "1")]).await;
     let (status, first, _) = replayed_header(&addr, "jsonl-1").await;
     assert_eq!(status, 201, "{first}");
-    let archived = wait_for(1).await;
-    assert_eq!(archived.len(), 1, "{archived:?}");
-    let line = &archived[0];
+    stop(child).await;
+    let db = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new().filename(dir.0.join("orders.db")),
+    )
+    .await
+    .unwrap();
+    let (id, created_us): (String, i64) = sqlx::query_as(
+        "SELECT lower(hex(id)), CAST(round(created_at * 1e6) AS INTEGER) FROM idempotency_records",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    let written = serde_json::json!({ "archive_id": format!("{id}-{created_us}"), "body": first });
+    std::fs::write(&file, format!("{written}\n")).unwrap();
+
+    let env = [
+        ("RECORD_TTL_SECS", "1"),
+        ("SWEEP_INTERVAL_SECS", "1"),
+        ("ARCHIVE_JSONL", "archive.jsonl"),
+    ];
+    let (child, addr) = start_in(&dir.0, &env).await;
+    for _ in 0..100 {
+        if count(&db, "idempotency_records").await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        count(&db, "idempotency_records").await,
+        0,
+        "purged within 10 s"
+    );
+    assert_eq!(
+        lines(),
+        [written],
+        "the record the file held is not written again"
+    );
+
+    let (status, again, replayed) = replayed_header(&addr, "jsonl-1").await;
+    assert_eq!((status, replayed), (201, false), "{again}");
+    for _ in 0..100 {
+        if lines().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let archived = lines();
+    assert_eq!(archived.len(), 2, "{archived:?}");
+    let line = &archived[1];
     assert_eq!(line["scope"], "1001");
     assert_eq!(
         (line["state"].as_str(), line["status"].as_u64()),
@@ -367,7 +408,7 @@ async fn archive_jsonl_writes_each_purged_record_to_the_file_once() {
     );
     assert_eq!(
         line["response"]["body"],
-        first.as_str(),
+        again.as_str(),
         "the answer is kept"
     );
     let id = line["id"].as_str().unwrap();
@@ -375,30 +416,12 @@ async fn archive_jsonl_writes_each_purged_record_to_the_file_once() {
         line["archive_id"].as_str().unwrap().starts_with(id),
         "{line}"
     );
-    stop(child).await;
-
-    let (child, addr) = start_in(&dir.0, &env).await;
-    let (status, again, replayed) = replayed_header(&addr, "jsonl-1").await;
-    assert_eq!((status, replayed), (201, false), "{again}");
-    let archived = wait_for(2).await;
-    assert_eq!(archived.len(), 2, "{archived:?}");
-    assert_eq!(archived[1]["response"]["body"], again.as_str());
-    assert_ne!(archived[0]["archive_id"], archived[1]["archive_id"]);
-    let db = sqlx::SqlitePool::connect_with(
-        sqlx::sqlite::SqliteConnectOptions::new().filename(dir.0.join("orders.db")),
-    )
-    .await
-    .unwrap();
-    let counts: (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM idempotency_records), \
-                (SELECT count(*) FROM idempotency_records_archive)",
-    )
-    .fetch_one(&db)
-    .await
-    .unwrap();
-    assert_eq!(counts, (0, 0), "purged, and not into the table");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(lines().len(), 2, "nothing written twice");
+    assert_ne!(archived[0]["archive_id"], line["archive_id"]);
+    assert_eq!(
+        count(&db, "idempotency_records_archive").await,
+        0,
+        "not into the table"
+    );
     stop(child).await;
 }
 

@@ -11,10 +11,20 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{Request, StatusCode};
+use axum::routing;
+use axum_idempotency::IdempotencyLayer;
+use axum_idempotency::postgres::IdempotentTx;
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::ServiceExt;
 
 /// The example's `LINK_TIMEOUT` (4 s) and a second of slack: no answer during a cut may
 /// take longer.
@@ -101,12 +111,23 @@ async fn wave(addr: &str, prefix: &str, n: usize) -> Vec<(u16, Option<String>, S
     answers
 }
 
+fn opted_in() -> bool {
+    let opted_in = std::env::var_os("AXUM_IDEMPOTENCY_PARTITION_TESTS").is_some();
+    if !opted_in {
+        eprintln!("skipped: set AXUM_IDEMPOTENCY_PARTITION_TESTS=1 (root, iproute2, iptables)");
+    }
+    opted_in
+}
+
+/// One namespace for the whole binary: its tests take turns.
+static NAMESPACE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_cut_costs_seconds_and_heals_at_once() {
-    if std::env::var_os("AXUM_IDEMPOTENCY_PARTITION_TESTS").is_none() {
-        eprintln!("skipped: set AXUM_IDEMPOTENCY_PARTITION_TESTS=1 (root, iproute2, iptables)");
+    if !opted_in() {
         return;
     }
+    let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
     let (_orders, addr) = start_example("orders", &[("DATABASE_URL", &net.url)]).await;
 
@@ -190,4 +211,224 @@ async fn a_silent_cut_costs_seconds_and_heals_at_once() {
         "one order per key, none from the cut"
     );
     eprintln!("partition: cut for {cut_for:?}, first success {first_success:?} after the heal");
+}
+
+/// The handler of [`a_commit_whose_answer_is_lost_is_replayed_and_one_never_sent_runs_once`]:
+/// one row per run, and, when told, the cut made just before it returns — so the record's
+/// insert and the `COMMIT` are sent into it.
+#[derive(Clone, Default)]
+struct Work {
+    calls: Arc<AtomicUsize>,
+    cut: Arc<Mutex<Option<&'static str>>>,
+}
+
+async fn work(
+    State(work): State<Work>,
+    Path(key): Path<String>,
+    tx: IdempotentTx,
+) -> Result<StatusCode, axum_idempotency::Error> {
+    work.calls.fetch_add(1, Ordering::SeqCst);
+    tx.execute("INSERT INTO cut_work (key) VALUES ($1)", &[&key])
+        .await?;
+    let cut = work.cut.lock().unwrap().take();
+    if let Some(action) = cut {
+        tokio::task::spawn_blocking(move || Partitioned::script(action))
+            .await
+            .unwrap();
+    }
+    Ok(StatusCode::CREATED)
+}
+
+/// A keyed `POST /work/{key}`: status, whether it was replayed, the body, how long it took.
+async fn send_work(app: &Router, key: &str) -> (u16, bool, String, Duration) {
+    let started = Instant::now();
+    let request = Request::post(format!("/work/{key}"))
+        .header("idempotency-key", format!("\"{key}\""))
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(request).await.unwrap();
+    let took = started.elapsed();
+    let status = response.status().as_u16();
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        replayed,
+        String::from_utf8_lossy(&body).into_owned(),
+        took,
+    )
+}
+
+/// The outcome that is not known: the link cut after the handler's work, so the record's
+/// insert and the `COMMIT` go into it.
+///
+/// - Only the server's replies dropped: the server receives the `COMMIT` and commits; the
+///   client gets 503 within the bound; after the heal the retry is answered from the
+///   record, and the work ran once.
+/// - Both directions dropped: the `COMMIT` never arrives. The client gets 503 within the
+///   bound; the server's backend keeps the transaction (and the key's lock) open until its
+///   keepalive (here 2 s idle, 1 s interval, 3 probes) finds the client gone. Until then a
+///   retry is answered 409 `in_flight` with `Retry-After` (never a second run, never a
+///   wait); then it runs, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_is_lost_is_replayed_and_one_never_sent_runs_once() {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let mut config: tokio_postgres::Config = net.url.parse().unwrap();
+    axum_idempotency::postgres::detect_dead_peers(&mut config, Duration::from_secs(4));
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    // One connection, warmed by a first request: the record's insert is prepared on it, so
+    // the cut request's insert and COMMIT leave together, in one write.
+    let pool = Pool::builder(manager)
+        .max_size(1)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(4)))
+        .create_timeout(Some(Duration::from_secs(4)))
+        .build()
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    let db = connect(&net.url).await;
+    db.batch_execute("CREATE TABLE cut_work (key text NOT NULL)")
+        .await
+        .unwrap();
+    let state = Work::default();
+    let app = Router::new()
+        .route("/work/{key}", routing::post(work))
+        .with_state(state.clone())
+        .layer(IdempotencyLayer::new(pool.clone()));
+    let rows = async |key: &str| -> i64 {
+        let db = connect(&net.url).await;
+        db.query_one("SELECT count(*) FROM cut_work WHERE key = $1", &[&key])
+            .await
+            .unwrap()
+            .get(0)
+    };
+
+    let (status, _, body, _) = send_work(&app, "warm").await;
+    assert_eq!(status, 201, "{body}");
+
+    // The COMMIT arrives, its answer does not.
+    *state.cut.lock().unwrap() = Some("cut-replies");
+    let (status, _, body, took) = send_work(&app, "answer-lost").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(took <= BOUND, "answered after {took:?}");
+    eprintln!("commit answer lost: 503 after {took:?}: {body}");
+    net.heal();
+    let (status, replayed, body, _) = send_work(&app, "answer-lost").await;
+    assert_eq!(
+        (status, replayed),
+        (201, true),
+        "the retry is replayed: {body}"
+    );
+    assert_eq!(state.calls.load(Ordering::SeqCst), 2, "the work ran once");
+    assert_eq!(rows("answer-lost").await, 1);
+
+    // The COMMIT never arrives.
+    *state.cut.lock().unwrap() = Some("cut");
+    let cut_at = Instant::now();
+    let (status, _, body, took) = send_work(&app, "commit-lost").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(took <= BOUND, "answered after {took:?}");
+    eprintln!("commit never sent: 503 after {took:?}: {body}");
+    net.heal();
+    let healed_at = Instant::now();
+    let mut refused = 0;
+    let ran = loop {
+        let (status, replayed, body, took) = send_work(&app, "commit-lost").await;
+        assert!(took <= BOUND, "a retry answered after {took:?}");
+        match status {
+            201 => {
+                assert!(!replayed, "nothing was committed to replay: {body}");
+                break (cut_at.elapsed(), healed_at.elapsed());
+            }
+            409 => {
+                assert!(body.contains("in_flight"), "{body}");
+                refused += 1;
+            }
+            // The first request on a connection the pool still held from before the cut.
+            503 => assert!(body.contains("store_unavailable"), "{body}"),
+            _ => panic!("a retry got {status}: {body}"),
+        }
+        assert!(
+            healed_at.elapsed() < Duration::from_secs(20),
+            "the key stayed blocked past 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(state.calls.load(Ordering::SeqCst), 4, "the retry ran once");
+    assert_eq!(
+        rows("commit-lost").await,
+        1,
+        "the first attempt left nothing"
+    );
+    eprintln!(
+        "commit never sent: the retry ran {:?} after the cut, {:?} after the heal \
+         ({refused} retries answered 409 before)",
+        ran.0, ran.1
+    );
+
+    // Without the server's settings its backend keeps the vanished client's transaction,
+    // and the key, until something else ends it: a retry meanwhile is answered 409
+    // `in_flight`, never a second run.
+    let db = connect(&net.url).await;
+    for statement in [
+        "ALTER SYSTEM SET tcp_user_timeout = 0",
+        "ALTER SYSTEM SET tcp_keepalives_idle = 0",
+        "SELECT pg_reload_conf()",
+    ] {
+        db.batch_execute(statement).await.unwrap();
+    }
+    drop(db);
+    pool.retain(|_, _| false);
+    *state.cut.lock().unwrap() = Some("cut");
+    let cut_at = Instant::now();
+    let (status, _, body, took) = send_work(&app, "server-holds").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(took <= BOUND, "answered after {took:?}");
+    net.heal();
+    let healed_at = Instant::now();
+    let mut refused = 0;
+    loop {
+        let (status, replayed, body, took) = send_work(&app, "server-holds").await;
+        assert!(took <= BOUND, "a retry answered after {took:?}");
+        match status {
+            201 => {
+                assert!(!replayed, "{body}");
+                break;
+            }
+            409 => {
+                assert!(body.contains("in_flight"), "{body}");
+                refused += 1;
+            }
+            _ => panic!("a retry got {status}: {body}"),
+        }
+        assert!(
+            healed_at.elapsed() < Duration::from_secs(60),
+            "the key stayed held past a minute after the heal"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        rows("server-holds").await,
+        1,
+        "the held attempt left nothing"
+    );
+    eprintln!(
+        "without the server's keepalive and user timeout: the retry ran {:?} after the cut, \
+         {:?} after the heal ({refused} retries answered 409 before)",
+        cut_at.elapsed(),
+        healed_at.elapsed()
+    );
 }

@@ -678,9 +678,7 @@ where
                 "{values:?}"
             );
             assert!(
-                values
-                    .get("idempotency_sweeper_last_run_timestamp_seconds{}")
-                    .is_none(),
+                !values.contains_key("idempotency_sweeper_last_run_timestamp_seconds{}"),
                 "a failed run is not a completed pass"
             );
 

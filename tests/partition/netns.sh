@@ -2,6 +2,7 @@
 # A PostgreSQL of its own in a network namespace behind a veth pair, for tests/partition.rs:
 #   netns.sh up      start it: 10.77.0.2:5432 from the host (the host's side is 10.77.0.1)
 #   netns.sh cut     drop every packet in both directions inside the namespace (no RST, no ICMP)
+#   netns.sh cut-replies   drop only what the server sends (it still receives and commits)
 #   netns.sh heal    accept them again
 #   netns.sh down    stop it and remove the namespace
 # Needs root, iproute2, iptables and PostgreSQL 15's binaries.
@@ -33,6 +34,14 @@ up)
     chown postgres:postgres "$DATA"
     as_postgres "$PG_BIN/initdb" -D "$DATA/data" --auth=trust -U postgres >/dev/null
     echo "host all all $HOST_IP/32 trust" >>"$DATA/data/pg_hba.conf"
+    # The server notices a vanished client within about 4 s (in the configuration file, so
+    # a test can turn it off with ALTER SYSTEM).
+    cat >>"$DATA/data/postgresql.conf" <<'CONF'
+tcp_keepalives_idle = 2
+tcp_keepalives_interval = 1
+tcp_keepalives_count = 3
+tcp_user_timeout = 4000
+CONF
     as_postgres "$PG_BIN/pg_ctl" -D "$DATA/data" -l "$DATA/log" -w -t 30 \
         -o "-c listen_addresses=$NS_IP -c port=5432 -c unix_socket_directories=$DATA \
             -c fsync=off -c max_connections=200" start >/dev/null
@@ -40,6 +49,9 @@ up)
     ;;
 cut)
     in_ns iptables -A INPUT -j DROP
+    in_ns iptables -A OUTPUT -j DROP
+    ;;
+cut-replies)
     in_ns iptables -A OUTPUT -j DROP
     ;;
 heal)
@@ -57,7 +69,7 @@ down)
     rm -rf "$DATA"
     ;;
 *)
-    echo "usage: $0 up|cut|heal|down" >&2
+    echo "usage: $0 up|cut|cut-replies|heal|down" >&2
     exit 2
     ;;
 esac
