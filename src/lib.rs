@@ -57,6 +57,7 @@ pub use crate::engine::view::{
     ArchivedRecord, InboxFailures, MessageInfo, OutboxInfo, OutboxState, Overview, Page,
     RecordInfo, ResponseBody, StoredResponse,
 };
+pub use crate::http::config::ClaimMode;
 pub use crate::http::lease::IdempotentLease;
 pub use crate::http::rejection::{Rejection, RejectionKind};
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};

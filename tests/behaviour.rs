@@ -18,7 +18,7 @@ use tokio::sync::Semaphore;
 
 fn app<D: Driver>(db: &D::Db) -> (Router, Arc<Knobs>) {
     let knobs = Arc::new(Knobs::default());
-    let layer = scoped(IdempotencyLayer::new(D::pool(db)));
+    let layer = claim_mode_from_env(scoped(IdempotencyLayer::new(D::pool(db))));
     (router(Arc::clone(&knobs), layer), knobs)
 }
 
@@ -625,7 +625,14 @@ async fn sixty_four_concurrent_requests_with_one_key_execute_once<D: Driver>() {
             other => panic!("unexpected {other}: {:?}", answer.body),
         }
     }
-    assert_eq!(knobs.calls(), 1);
+    if optimistic_from_env() && D::LAZY {
+        // The optimistic claim (tokio-postgres): every twin that reached the database
+        // before the winner committed ran its statements and rolled them back.
+        assert!(knobs.calls() >= 1);
+    } else {
+        // The locked claim: one handler got past its first statement.
+        assert_eq!(knobs.calls(), 1);
+    }
     assert_eq!(db.orders().await, 1);
     assert_eq!(db.records().await, 1);
     assert_eq!(created.iter().filter(|a| !a.replayed()).count(), 1);

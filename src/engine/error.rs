@@ -151,6 +151,7 @@ impl Error {
                         || code.starts_with("57P")
                         || code == "40001"
                         || code == "40P01"
+                        || code == "55P03"
                 }
                 None => self.is_driver_io(),
             },

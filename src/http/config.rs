@@ -18,6 +18,28 @@ use crate::http::rejection::RejectionHandler;
 #[cfg(feature = "redis")]
 use crate::redis_front::{RedisFront, RedisOptions};
 
+/// How [`IdempotencyLayer`](crate::IdempotencyLayer) claims a key that has no record
+/// ([`claim_mode`](crate::IdempotencyLayer::claim_mode)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ClaimMode {
+    /// The key's lock is taken with the handler's first statement: a twin that arrives
+    /// while the first is in flight is answered 409 `in_flight` at once and never runs
+    /// the handler's statements. The default.
+    #[default]
+    Locked,
+    /// No lock: the handler's statements run in every twin, and the record's primary key
+    /// decides at the record's insert. Whichever twin reaches its insert first commits;
+    /// the other's insert waits on the winner's uncommitted key, then fails, its work rolls
+    /// back and it is answered from the winner's record (a replay, or 422 for another
+    /// payload). If the winner rolls back instead, the waiting twin's work commits. The
+    /// wait is bounded by [`wait_for_in_flight`](crate::IdempotencyLayer::wait_for_in_flight)
+    /// when set, else by [`handler_timeout`](crate::IdempotencyLayer::handler_timeout);
+    /// past it the twin is answered 409 `in_flight`. PostgreSQL through tokio-postgres
+    /// (deadpool, bb8); the other drivers keep the locked claim.
+    Optimistic,
+}
+
 pub(crate) type ScopeFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 
 #[derive(Clone)]
@@ -38,6 +60,7 @@ pub(crate) struct Config<D> {
     /// rejection, a validation failure). Default: not stored, the key stays free.
     pub(crate) store_rejections_before_work: bool,
     pub(crate) wait_for_in_flight: Option<Duration>,
+    pub(crate) claim_mode: ClaimMode,
     pub(crate) retry_after: u32,
     pub(crate) on_rejection: Option<RejectionHandler>,
     pub(crate) finish_on_disconnect: bool,
@@ -75,6 +98,7 @@ impl<D> Config<D> {
             store_policy: StoreDecision::for_status,
             store_rejections_before_work: false,
             wait_for_in_flight: None,
+            claim_mode: ClaimMode::Locked,
             retry_after: 1,
             on_rejection: None,
             finish_on_disconnect: true,

@@ -9,6 +9,7 @@ use http::{HeaderName, Method, StatusCode};
 use tower_layer::Layer;
 
 use super::Idempotency;
+use super::config::ClaimMode;
 use crate::engine::cache::ResponseCache;
 use crate::engine::fingerprint::parse_pointer;
 use crate::engine::limit::{AttemptLimiter, TRACKED_KEYS};
@@ -100,7 +101,12 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
     }
 
     fn with(mut self, f: impl FnOnce(&mut Config<D>)) -> Self {
-        f(Arc::make_mut(&mut self.config));
+        let config = Arc::make_mut(&mut self.config);
+        f(config);
+        // Whatever order the settings came in, the store knows the twins' bound.
+        let bound = (config.claim_mode == ClaimMode::Optimistic)
+            .then(|| config.wait_for_in_flight.unwrap_or(config.handler_timeout));
+        config.store.set_optimistic_claim(bound);
         self
     }
 
@@ -264,6 +270,23 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
     #[must_use]
     pub fn wait_for_in_flight(self, timeout: Duration) -> Self {
         self.with(|c| c.wait_for_in_flight = Some(timeout))
+    }
+
+    /// How a key with no record is claimed: [`ClaimMode::Locked`] (the default) or
+    /// [`ClaimMode::Optimistic`], which sends no lock and lets the record's primary key
+    /// decide between twins. What each costs and promises: the guide's
+    /// [claim modes](crate::guide::atomic#claim-modes).
+    ///
+    /// ```no_run
+    /// use axum_idempotency::{ClaimMode, IdempotencyLayer};
+    ///
+    /// # fn f(pool: deadpool_postgres::Pool) {
+    /// let layer = IdempotencyLayer::new(pool).claim_mode(ClaimMode::Optimistic);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn claim_mode(self, mode: ClaimMode) -> Self {
+        self.with(|c| c.claim_mode = mode)
     }
 
     /// Seconds sent in `Retry-After` with 409 and 503 answers. Default: 1.

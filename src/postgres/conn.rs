@@ -42,6 +42,9 @@ pub struct TxConn {
     /// A query cancel was sent on this connection: it never goes back to the pool, where
     /// a late cancel could stop another request's statement.
     cancelled: AtomicBool,
+    /// The optimistic claim: no lock with the first statement, and the transaction's
+    /// `lock_timeout`, which bounds a twin's wait on the winner's uncommitted key.
+    optimistic: Option<Duration>,
 }
 
 /// [`TxConn::begin`]: a transaction the claim already began (and locked).
@@ -83,7 +86,20 @@ impl TxConn {
             first: tokio::sync::Mutex::new(()),
             id,
             cancelled: AtomicBool::new(false),
+            optimistic: None,
         }
+    }
+
+    /// Makes a lazy claim optimistic (`Some(bound)`): its first statement carries `BEGIN`
+    /// and the bound as `lock_timeout`, no lock attempt and no look-up; the record's primary
+    /// key decides between twins at the insert.
+    pub(crate) fn set_optimistic(&mut self, bound: Option<Duration>) {
+        self.optimistic = bound;
+    }
+
+    /// The optimistic claim's bound, if this is one.
+    pub(crate) fn optimistic(&self) -> Option<Duration> {
+        self.optimistic
     }
 
     /// Wraps a connection outside any transaction for a plain transaction (no key): its

@@ -59,6 +59,8 @@ pub type IdempotentTx = crate::store::IdempotentTx<PgStore>;
 pub struct PgStore {
     pool: Arc<dyn ClientPool>,
     prepared: bool,
+    /// The optimistic claim's bound on a twin's wait; `None`: the locked claim.
+    optimistic: Option<std::time::Duration>,
 }
 
 impl PgStore {
@@ -67,6 +69,7 @@ impl PgStore {
         Self {
             pool: Arc::new(pool),
             prepared: true,
+            optimistic: None,
         }
     }
 }

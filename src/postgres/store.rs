@@ -49,6 +49,10 @@ impl Store for PgStore {
         self.prepared = enabled;
     }
 
+    fn set_optimistic_claim(&mut self, bound: Option<Duration>) {
+        self.optimistic = bound;
+    }
+
     async fn migrate(&self) -> Result<(), Error> {
         super::migrate::run(self.checkout().await?).await
     }
@@ -83,13 +87,15 @@ impl Store for PgStore {
         wait: Option<Duration>,
     ) -> Result<(Claim, TxConn), Error> {
         let lock_key = id.lock_key();
-        let Some(wait) = wait else {
-            let conn = TxConn::lazy(self.checkout().await?, self.prepared, id);
+        // The optimistic claim bounds a twin's wait itself: no lock to wait for.
+        let Some(wait) = wait.filter(|_| self.optimistic.is_none()) else {
+            let mut conn = TxConn::lazy(self.checkout().await?, self.prepared, id);
             let db = self.db(conn.pooled());
             let lookup = db.prepare(&statement::LOOKUP).await?;
             let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
             let peeked = db.query_opt(&lookup, &lookup_params).await?;
             let Some(peeked) = peeked.map(|row| rows::record_row(&row, 9)).transpose()? else {
+                conn.set_optimistic(self.optimistic);
                 return Ok((Claim::Run { replaces: false }, conn));
             };
             if let Some(claim) = Claim::from_peek(Some(peeked)) {
@@ -224,6 +230,12 @@ impl Store for PgStore {
                 conn.mark_ended();
                 return Err(CommitError::Conflict);
             }
+            Err(e) if waited_out(&e) => {
+                // An optimistic twin waited past its bound on the winner's uncommitted
+                // key (or deadlocked with it): rolled back, the winner is in flight.
+                conn.mark_ended();
+                return Err(CommitError::InFlight);
+            }
             inserted => inserted.map_err(failed)?,
         };
         committed.map_err(failed)?;
@@ -305,20 +317,41 @@ async fn commit_lazy(conn: &mut TxConn, record: &NewRecord<'_>) -> Result<(), Co
         &ttl,
         &lock_key,
     ];
+    // The optimistic claim bounds the insert's wait on a twin's uncommitted key.
+    let set_timeout = match conn.optimistic() {
+        Some(bound) => Some((
+            db.prepare(&statement::SET_LOCK_TIMEOUT)
+                .await
+                .map_err(failed)?,
+            lock_timeout(bound),
+        )),
+        None => None,
+    };
     conn.beginning();
     let client = db.client();
-    let (begun, inserted, committed) = tokio::join!(
+    let (begun, timeout_set, inserted, committed) = tokio::join!(
         biased;
         client.batch_execute("BEGIN"),
+        async {
+            match &set_timeout {
+                Some((set, timeout)) => db.query_one(set, &[timeout]).await.map(drop),
+                None => Ok(()),
+            }
+        },
         db.execute(&insert, &params),
         client.batch_execute("COMMIT"),
     );
     begun.map_err(failed)?;
+    timeout_set.map_err(failed)?;
     let inserted = match inserted {
         Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
             // The COMMIT after the failed insert was a ROLLBACK.
             conn.mark_ended();
             return Err(CommitError::Conflict);
+        }
+        Err(e) if waited_out(&e) => {
+            conn.mark_ended();
+            return Err(CommitError::InFlight);
         }
         inserted => inserted.map_err(failed)?,
     };
@@ -328,4 +361,15 @@ async fn commit_lazy(conn: &mut TxConn, record: &NewRecord<'_>) -> Result<(), Co
         return Err(CommitError::InFlight);
     }
     Ok(())
+}
+
+/// A record insert that gave up on a twin's uncommitted key: its wait ran past the
+/// optimistic claim's `lock_timeout`, or the two deadlocked.
+fn waited_out(error: &tokio_postgres::Error) -> bool {
+    matches!(
+        error.code(),
+        Some(code) if *code == SqlState::LOCK_NOT_AVAILABLE
+            || *code == SqlState::T_R_DEADLOCK_DETECTED
+            || *code == SqlState::T_R_SERIALIZATION_FAILURE
+    )
 }

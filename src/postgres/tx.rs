@@ -5,7 +5,7 @@ use std::fmt;
 use tokio_postgres::types::{BorrowToSql, ToSql};
 use tokio_postgres::{RowStream, Statement, ToStatement};
 
-use super::conn::TxConn;
+use super::conn::{TxConn, lock_timeout};
 use super::statement::{self, Db};
 use crate::engine::error::Error;
 use crate::engine::record::Deferred;
@@ -214,6 +214,26 @@ where
         conn.begun(true, false);
         return result.map_err(Error::Postgres);
     };
+    if let Some(bound) = conn.optimistic() {
+        // The optimistic claim: `BEGIN`, the twins' bound and the statement; no lock.
+        let set_timeout = db.prepare(&statement::SET_LOCK_TIMEOUT).await?;
+        let timeout = lock_timeout(bound);
+        let params: [&(dyn ToSql + Sync); 1] = [&timeout];
+        conn.beginning();
+        let (begun, timeout_set, result) = tokio::join!(
+            biased;
+            db.client().batch_execute("BEGIN"),
+            db.query_one(&set_timeout, &params),
+            f(conn),
+        );
+        if let Err(error) = begun.and(timeout_set.map(drop)) {
+            tracing::warn!(error = %crate::engine::error::Chain(&error), "the optimistic claim's BEGIN failed");
+            conn.claim_failed();
+            return Err(Error::Postgres(error));
+        }
+        conn.begun(true, false);
+        return result.map_err(Error::Postgres);
+    }
     let try_lock = db.prepare(&statement::TRY_LOCK).await?;
     let exists = db.prepare(&statement::EXISTS).await?;
     let lock_key = id.lock_key();

@@ -61,6 +61,11 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     #[doc(hidden)]
     fn set_prepared_statements(&mut self, enabled: bool);
 
+    /// [`ClaimMode::Optimistic`](crate::ClaimMode::Optimistic) with its twins' bound, or
+    /// `None` for the locked claim; a store without it keeps the locked claim.
+    #[doc(hidden)]
+    fn set_optimistic_claim(&mut self, _bound: Option<Duration>) {}
+
     #[doc(hidden)]
     fn migrate(&self) -> impl Future<Output = Result<(), Error>> + Send;
 

@@ -514,6 +514,25 @@ where
         .with_state(knobs)
 }
 
+/// The claim mode `AXUM_IDEMPOTENCY_CLAIM_MODE` names (`locked`, the default, or
+/// `optimistic`): the behaviour suite runs in either (`.ci/run` runs it in both).
+pub fn claim_mode_from_env<S: LeaseStore>(layer: IdempotencyLayer<S>) -> IdempotencyLayer<S> {
+    if optimistic_from_env() {
+        layer.claim_mode(axum_idempotency::ClaimMode::Optimistic)
+    } else {
+        layer
+    }
+}
+
+/// Whether `AXUM_IDEMPOTENCY_CLAIM_MODE` asks for the optimistic claim.
+pub fn optimistic_from_env() -> bool {
+    match std::env::var("AXUM_IDEMPOTENCY_CLAIM_MODE").as_deref() {
+        Ok("optimistic") => true,
+        Ok("locked") | Err(_) => false,
+        Ok(other) => panic!("AXUM_IDEMPOTENCY_CLAIM_MODE={other}: `locked` or `optimistic`"),
+    }
+}
+
 pub fn scoped<S: LeaseStore>(layer: IdempotencyLayer<S>) -> IdempotencyLayer<S> {
     layer.scope(|parts| {
         parts
