@@ -63,7 +63,8 @@ pub use crate::http::rejection::{Rejection, RejectionKind};
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError};
 pub use crate::ops::admin::Admin;
-pub use crate::ops::archive::{ArchiveSink, ArchivedResponse, ArchivedRow, BoxError};
+pub use crate::engine::archive::{ArchivedResponse, ArchivedRow, BoxError};
+pub use crate::ops::archive::ArchiveSink;
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]
 pub use crate::ops::console::{Console, ConsoleUser};

@@ -82,7 +82,7 @@ pub enum Error {
     /// The [`ArchiveSink`](crate::ArchiveSink) of a [`Sweeper`](crate::Sweeper) failed to
     /// write a batch (the sink's error is the source). Nothing of the batch was purged; it
     /// is sent again on the next run.
-    Archive(crate::ops::archive::BoxError),
+    Archive(crate::engine::archive::BoxError),
 }
 
 impl Error {

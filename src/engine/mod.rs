@@ -4,6 +4,7 @@
 
 #[cfg(feature = "rabbitmq")]
 pub(crate) mod amqp;
+pub(crate) mod archive;
 pub(crate) mod cache;
 pub(crate) mod crypto;
 pub(crate) mod error;

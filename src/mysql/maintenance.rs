@@ -16,7 +16,7 @@ use crate::engine::error::Error;
 use crate::engine::key::{RecordId, hex};
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
-use crate::ops::archive::{ArchivedRow, ExportStamp};
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::store::{MaintenanceStore, rows};
 
 /// Rows settled per round trip: a batch's statements are sent as one multi-statement text

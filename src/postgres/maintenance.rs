@@ -7,7 +7,7 @@ use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
-use crate::ops::archive::{ArchivedRow, ExportStamp};
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::store::sql::export_columns;
 use crate::store::{MaintenanceStore, rows};
 

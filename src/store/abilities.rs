@@ -14,7 +14,7 @@ use crate::engine::record::{
     SweepBatch,
 };
 use crate::engine::view::{ArchivedRecord, InboxFailures, MessageInfo, OutboxInfo, RecordInfo};
-use crate::ops::archive::{ArchivedRow, ExportStamp};
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 
 /// Lease mode ([`IdempotentLease`](crate::IdempotentLease)): a PROCESSING record committed
 /// before the handler runs, and its fenced completion. The layer asks for it, since any

@@ -7,7 +7,7 @@ use crate::engine::record::decode_headers;
 use crate::engine::record::{RecordRow, StoredRow};
 use crate::engine::view::InboxFailures;
 use crate::engine::view::{ArchivedRecord, MessageInfo, OutboxInfo, RecordInfo, epoch};
-use crate::ops::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
+use crate::engine::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
 
 /// A driver's result row, read by column position.
 pub(crate) trait Row {

@@ -474,7 +474,7 @@ pub(crate) const RECORD_MIGRATION: &str =
 
 /// The arrays [`PURGE_EXPORTED`] takes: ids in hex, creation and update microseconds.
 pub(crate) fn export_columns(
-    stamps: &[crate::ops::archive::ExportStamp],
+    stamps: &[crate::engine::archive::ExportStamp],
 ) -> (Vec<String>, Vec<i64>, Vec<i64>) {
     let ids = stamps
         .iter()
