@@ -34,8 +34,8 @@ pub enum ClaimMode {
     /// back and it is answered from the winner's record (a replay, or 422 for another
     /// payload). If the winner rolls back instead, the waiting twin's work commits. The
     /// wait is bounded by [`wait_for_in_flight`](crate::IdempotencyLayer::wait_for_in_flight)
-    /// when set, else by [`handler_timeout`](crate::IdempotencyLayer::handler_timeout);
-    /// past it the twin is answered 409 `in_flight`. PostgreSQL through tokio-postgres
+    /// when set, else by half the [`handler_timeout`](crate::IdempotencyLayer::handler_timeout)
+    /// (30 s by default); past it the twin is answered 409 `in_flight`. PostgreSQL through tokio-postgres
     /// (deadpool, bb8); the other drivers keep the locked claim.
     Optimistic,
 }

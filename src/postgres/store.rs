@@ -230,7 +230,7 @@ impl Store for PgStore {
                 conn.mark_ended();
                 return Err(CommitError::Conflict);
             }
-            Err(e) if waited_out(&e) => {
+            Err(e) if conn.optimistic().is_some() && waited_out(&e) => {
                 // An optimistic twin waited past its bound on the winner's uncommitted
                 // key (or deadlocked with it): rolled back, the winner is in flight.
                 conn.mark_ended();
@@ -349,7 +349,7 @@ async fn commit_lazy(conn: &mut TxConn, record: &NewRecord<'_>) -> Result<(), Co
             conn.mark_ended();
             return Err(CommitError::Conflict);
         }
-        Err(e) if waited_out(&e) => {
+        Err(e) if conn.optimistic().is_some() && waited_out(&e) => {
             conn.mark_ended();
             return Err(CommitError::InFlight);
         }
