@@ -43,6 +43,7 @@ pub mod sqlite;
 pub mod sqlx;
 mod store;
 
+pub use crate::engine::archive::{ArchivedResponse, ArchivedRow, BoxError};
 #[cfg(feature = "encryption")]
 #[cfg_attr(docsrs, doc(cfg(feature = "encryption")))]
 pub use crate::engine::crypto::BodyKeys;
@@ -63,7 +64,6 @@ pub use crate::http::rejection::{Rejection, RejectionKind};
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError};
 pub use crate::ops::admin::Admin;
-pub use crate::engine::archive::{ArchivedResponse, ArchivedRow, BoxError};
 pub use crate::ops::archive::ArchiveSink;
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]

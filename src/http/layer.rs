@@ -106,8 +106,11 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
         // Whatever order the settings came in, the store knows the twins' bound: the
         // in-flight wait, else half the handler deadline, so a twin past it is answered
         // 409 before its own deadline ends it.
-        let bound = (config.claim_mode == ClaimMode::Optimistic)
-            .then(|| config.wait_for_in_flight.unwrap_or(config.handler_timeout / 2));
+        let bound = (config.claim_mode == ClaimMode::Optimistic).then(|| {
+            config
+                .wait_for_in_flight
+                .unwrap_or(config.handler_timeout / 2)
+        });
         config.store.set_optimistic_claim(bound);
         self
     }

@@ -12,11 +12,11 @@ use ::sqlx::{AssertSqlSafe, Row};
 use super::MySqlStore;
 use super::conn::micros;
 use super::sql;
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::key::{RecordId, hex};
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
-use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::store::{MaintenanceStore, rows};
 
 /// Rows settled per round trip: a batch's statements are sent as one multi-statement text

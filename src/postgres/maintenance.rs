@@ -3,11 +3,11 @@
 
 use super::PgStore;
 use super::statement;
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
-use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::store::sql::export_columns;
 use crate::store::{MaintenanceStore, rows};
 

@@ -5,11 +5,11 @@
 use ::sqlx::Row;
 
 use super::{SqliteStore, sql};
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
-use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::store::{MaintenanceStore, rows};
 
 impl SqliteStore {

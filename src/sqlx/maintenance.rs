@@ -4,11 +4,11 @@
 use ::sqlx::Row;
 
 use super::SqlxStore;
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
 use crate::engine::view::{ArchivedRecord, RecordInfo};
-use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::store::sql::export_columns;
 use crate::store::{MaintenanceStore, rows, sql};
 

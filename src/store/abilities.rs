@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::Store;
+use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement};
@@ -14,7 +15,6 @@ use crate::engine::record::{
     SweepBatch,
 };
 use crate::engine::view::{ArchivedRecord, InboxFailures, MessageInfo, OutboxInfo, RecordInfo};
-use crate::engine::archive::{ArchivedRow, ExportStamp};
 
 /// Lease mode ([`IdempotentLease`](crate::IdempotentLease)): a PROCESSING record committed
 /// before the handler runs, and its fenced completion. The layer asks for it, since any

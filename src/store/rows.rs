@@ -2,12 +2,12 @@
 //! statement of [`sql`](super::sql) in that statement's order, through [`Row`], which each
 //! driver implements for its own row type with `impl_row!`.
 
+use crate::engine::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
 use crate::engine::key::{RecordId, hex};
 use crate::engine::record::decode_headers;
 use crate::engine::record::{RecordRow, StoredRow};
 use crate::engine::view::InboxFailures;
 use crate::engine::view::{ArchivedRecord, MessageInfo, OutboxInfo, RecordInfo, epoch};
-use crate::engine::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
 
 /// A driver's result row, read by column position.
 pub(crate) trait Row {
