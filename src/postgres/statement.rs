@@ -501,7 +501,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 45);
+        assert_eq!(checked, 47);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await
