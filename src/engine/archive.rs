@@ -10,7 +10,7 @@ use crate::engine::view::RecordInfo;
 /// The error a sink returns; kept as the source of [`Error::Archive`](crate::Error::Archive).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// A record the sweeper is about to purge, as an [`ArchiveSink`] receives it.
+/// A record the sweeper is about to purge, as an [`ArchiveSink`](crate::ArchiveSink) receives it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ArchivedRow {
