@@ -25,7 +25,7 @@ const WAL_SWITCH_PAUSE: Duration = Duration::from_millis(50);
 pub(super) async fn run(pool: &SqlitePool) -> Result<(), Error> {
     let path = pool.connect_options().get_filename().display().to_string();
     let startup = |e: ::sqlx::Error| startup_error(&path, e);
-    let mut conn = pool.acquire().await.map_err(startup)?;
+    let mut conn = acquire(pool).await.map_err(startup)?;
     let mode = journal_mode_wal(&mut conn).await.map_err(startup)?;
     let mut tx = conn
         .begin_with(sql::BEGIN_IMMEDIATE)
@@ -60,6 +60,24 @@ pub(super) async fn run(pool: &SqlitePool) -> Result<(), Error> {
              for the writer); use a file on a local disk, and connect options without \
              another journal_mode (SqliteStore::connect_options(path))"
         ))),
+    }
+}
+
+/// A connection from `pool`, asked again while another connection switches a new file to
+/// WAL: sqlx runs the connect options' `PRAGMA journal_mode = WAL` as it opens each
+/// connection, and two connections opening a fresh file at once can meet `SQLITE_BUSY`
+/// there.
+async fn acquire(pool: &SqlitePool) -> Result<PoolConnection<Sqlite>, ::sqlx::Error> {
+    let mut tries = 0;
+    loop {
+        match pool.acquire().await {
+            Ok(conn) => return Ok(conn),
+            Err(e) if is_busy(&e) && tries < WAL_SWITCH_TRIES => {
+                tries += 1;
+                tokio::time::sleep(WAL_SWITCH_PAUSE).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
