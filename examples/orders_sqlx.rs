@@ -329,8 +329,9 @@ impl std::error::Error for Startup {
 }
 
 /// How long a request waits for a connection from the pool, and a new connection for the
-/// server. (sqlx sets no TCP timeouts: a statement sent into a silent link waits until the
-/// layer's handler deadline.)
+/// server. sqlx sets no TCP timeouts; the layer's store (`SqlxStore`, 4 s by default)
+/// bounds the crate's statements and watches the link while a handler runs, so a silent
+/// link cut is answered 503 within this bound too.
 const LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -377,7 +378,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         source: Box::new(e),
     })?;
 
-    let idempotency = IdempotencyLayer::new(pool.clone())
+    let store = SqlxStore::new(pool.clone()).link_timeout(LINK_TIMEOUT);
+    let idempotency = IdempotencyLayer::new(store)
         .scope(|parts| {
             parts
                 .headers

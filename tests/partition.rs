@@ -1,13 +1,15 @@
-//! A silent link cut between the orders example (tokio-postgres over deadpool) and its
-//! PostgreSQL: the server runs alone in a network namespace behind a veth pair
-//! (`tests/partition/netns.sh`), and the link is cut with `iptables -j DROP` in both
-//! directions inside it — no RST, no ICMP, the fault a switch or a security group
-//! delivers. Every answer during the cut is bounded, nothing is lost or done twice, and the
-//! service heals as soon as the link is back.
+//! A silent link cut between the service and its PostgreSQL: the server runs alone in a
+//! network namespace behind a veth pair (`tests/partition/netns.sh`), and the link is cut
+//! with `iptables -j DROP` in both directions inside it — no RST, no ICMP, the fault a
+//! switch or a security group delivers. On each driver (tokio-postgres over deadpool and
+//! over bb8, sqlx) and through both orders examples, every answer during the cut is
+//! bounded, nothing is lost or done twice, and the service heals as soon as the link is
+//! back.
 //!
 //! Opt-in: it needs root, iproute2, iptables and PostgreSQL's binaries, and makes a
 //! namespace of its own. `AXUM_IDEMPOTENCY_PARTITION_TESTS=1 cargo test --all-features
-//! --test partition` (`.ci/run` sets it).
+//! --test partition` (`.ci/run` sets it). The test of a healthy slow handler needs none of
+//! that and runs always.
 
 mod common;
 
@@ -20,8 +22,8 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{Request, StatusCode};
 use axum::routing;
-use axum_idempotency::IdempotencyLayer;
 use axum_idempotency::postgres::IdempotentTx;
+use axum_idempotency::{IdempotencyLayer, IntoStore};
 use common::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
@@ -124,12 +126,22 @@ static NAMESPACE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_cut_costs_seconds_and_heals_at_once() {
+    silent_cut("orders").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_cut_costs_seconds_and_heals_at_once_on_sqlx() {
+    silent_cut("orders_sqlx").await;
+}
+
+/// The behaviour table of a silent cut, driven from outside against `example`.
+async fn silent_cut(example: &str) {
     if !opted_in() {
         return;
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let (_orders, addr) = start_example("orders", &[("DATABASE_URL", &net.url)]).await;
+    let (_orders, addr) = start_example(example, &[("DATABASE_URL", &net.url)]).await;
 
     // Warm: the pool holds connections that will be cut mid-use and idle.
     for (status, _, body, _) in wave(&addr, "warm", 8).await {
@@ -142,11 +154,11 @@ async fn a_silent_cut_costs_seconds_and_heals_at_once() {
     // silent, then on the fresh connections the pool tries to make.
     for round in ["cut-a", "cut-b"] {
         for (status, retry_after, body, took) in wave(&addr, round, 8).await {
+            eprintln!("{example} {round}: {status} after {took:?}");
             assert_eq!(status, 503, "{round}: {body}");
             assert!(body.contains("store_unavailable"), "{round}: {body}");
             assert!(retry_after.is_some(), "{round}: 503 without Retry-After");
             assert!(took <= BOUND, "{round}: answered after {took:?}");
-            eprintln!("{round}: 503 after {took:?}");
         }
     }
     // A second instance started while the link is cut fails within the bound, in one
@@ -154,7 +166,7 @@ async fn a_silent_cut_costs_seconds_and_heals_at_once() {
     let started = Instant::now();
     let output = tokio::time::timeout(
         Duration::from_secs(30),
-        tokio::process::Command::new(example_binary("orders"))
+        tokio::process::Command::new(example_binary(example))
             .env("DATABASE_URL", &net.url)
             .env("BIND_ADDR", "127.0.0.1:0")
             .env("RUST_LOG", "off")
@@ -431,4 +443,333 @@ async fn a_commit_whose_answer_is_lost_is_replayed_and_one_never_sent_runs_once(
         cut_at.elapsed(),
         healed_at.elapsed()
     );
+}
+
+/// The handler of [`a_statement_in_flight_during_a_cut_is_answered_within_the_bound`]: one
+/// row per run; when told, the link is cut just before its statement is sent.
+async fn cut_then_write<S: TestStore>(
+    State(work): State<Work>,
+    mut tx: axum_idempotency::IdempotentTx<S>,
+) -> Result<StatusCode, axum_idempotency::Error> {
+    work.calls.fetch_add(1, Ordering::SeqCst);
+    let cut = work.cut.lock().unwrap().take();
+    if let Some(action) = cut {
+        tokio::task::spawn_blocking(move || Partitioned::script(action))
+            .await
+            .unwrap();
+    }
+    S::run(&mut tx, "INSERT INTO cut_work DEFAULT VALUES").await?;
+    Ok(StatusCode::CREATED)
+}
+
+/// A link cut while the handler's statement is in flight: the request is answered 503
+/// within the bound, nothing of it commits, and its retry after the heal runs once — on
+/// each driver, with the pool settings its guide recommends.
+async fn statement_in_flight<S: TestStore>(
+    driver: &str,
+    net: &Partitioned,
+    pool: impl IntoStore<Store = S>,
+) {
+    let net_url = net.url.clone();
+    let db = connect(&net_url).await;
+    db.batch_execute(
+        "DROP TABLE IF EXISTS cut_work; CREATE TABLE cut_work (id bigserial PRIMARY KEY)",
+    )
+    .await
+    .unwrap();
+    let state = Work::default();
+    let app = Router::new()
+        .route("/work/{key}", routing::post(cut_then_write::<S>))
+        .with_state(state.clone())
+        .layer(IdempotencyLayer::new(pool));
+    let rows = async || -> i64 {
+        let db = connect(&net_url).await;
+        db.query_one("SELECT count(*) FROM cut_work", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let (status, _, body, _) = send_work(&app, "warm").await;
+    assert_eq!(status, 201, "{driver}: {body}");
+
+    *state.cut.lock().unwrap() = Some("cut");
+    let (status, _, body, took) = send_work(&app, "in-flight").await;
+    eprintln!("{driver}: statement in flight during the cut: {status} after {took:?}: {body}");
+    assert_eq!(status, 503, "{driver}: {body}");
+    assert!(body.contains("store_unavailable"), "{driver}: {body}");
+    assert!(took <= BOUND, "{driver}: answered after {took:?}");
+    // A fresh key during the cut: bounded too.
+    let (status, _, body, took) = send_work(&app, "during").await;
+    eprintln!("{driver}: new key during the cut: {status} after {took:?}");
+    assert_eq!(status, 503, "{driver}: {body}");
+    assert!(took <= BOUND, "{driver}: answered after {took:?}");
+
+    net.heal();
+    let healed_at = Instant::now();
+    let (status, replayed, body, _) = send_work(&app, "in-flight").await;
+    let first = healed_at.elapsed();
+    eprintln!("{driver}: the retry after the heal: {status} after {first:?}");
+    assert_eq!((status, replayed), (201, false), "{driver}: {body}");
+    assert!(first <= Duration::from_secs(2), "{driver}: {first:?}");
+    assert_eq!(
+        state.calls.load(Ordering::SeqCst),
+        3,
+        "{driver}: ran once more"
+    );
+    assert_eq!(
+        rows().await,
+        2,
+        "{driver}: nothing of the cut attempt committed"
+    );
+}
+
+/// tokio-postgres' TCP settings for a dead peer, as the guide recommends.
+fn config(net: &Partitioned) -> tokio_postgres::Config {
+    let mut config: tokio_postgres::Config = net.url.parse().unwrap();
+    axum_idempotency::postgres::detect_dead_peers(&mut config, Duration::from_secs(4));
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_in_flight_during_a_cut_is_answered_within_the_bound() {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let manager = Manager::from_config(
+        config(&net),
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(4)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(4)))
+        .create_timeout(Some(Duration::from_secs(4)))
+        .build()
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    statement_in_flight("deadpool", &net, pool).await;
+}
+
+#[cfg(feature = "bb8")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_in_flight_during_a_cut_is_answered_within_the_bound_on_bb8() {
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let pool = bb8::Pool::builder()
+        .max_size(4)
+        .connection_timeout(Duration::from_secs(4))
+        .build(bb8_postgres::PostgresConnectionManager::new(
+            config(&net),
+            tokio_postgres::NoTls,
+        ))
+        .await
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    statement_in_flight("bb8", &net, pool).await;
+}
+
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_in_flight_during_a_cut_is_answered_within_the_bound_on_sqlx() {
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(4))
+        .connect(&net.url)
+        .await
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    statement_in_flight("sqlx", &net, pool).await;
+}
+
+/// The handler of [`a_handler_running_long_on_a_healthy_link_is_left_alone_on_sqlx`]: a
+/// statement that runs past the link timeout, then a row.
+#[cfg(feature = "sqlx")]
+async fn slow_write(
+    State(work): State<Work>,
+    mut tx: axum_idempotency::sqlx::IdempotentTx,
+) -> Result<StatusCode, axum_idempotency::Error> {
+    work.calls.fetch_add(1, Ordering::SeqCst);
+    sqlx::query("SELECT pg_sleep(2.5)")
+        .execute(&mut *tx)
+        .await
+        .map_err(axum_idempotency::Error::from)?;
+    sqlx::query("INSERT INTO slow_work_sqlx DEFAULT VALUES")
+        .execute(&mut *tx)
+        .await
+        .map_err(axum_idempotency::Error::from)?;
+    Ok(StatusCode::CREATED)
+}
+
+/// The sqlx driver watches the link while a handler runs; a statement that runs long on a
+/// healthy link (2.5 s against a 1 s link timeout) is not mistaken for a cut. Needs no
+/// namespace: it runs in every test run.
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_running_long_on_a_healthy_link_is_left_alone_on_sqlx() {
+    use axum_idempotency::sqlx::SqlxStore;
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    sqlx::raw_sql(
+        "DROP TABLE IF EXISTS slow_work_sqlx; \
+         CREATE TABLE slow_work_sqlx (id bigserial PRIMARY KEY)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let state = Work::default();
+    let store = SqlxStore::new(pool.clone()).link_timeout(Duration::from_secs(1));
+    let app = Router::new()
+        .route("/work/{key}", routing::post(slow_write))
+        .with_state(state.clone())
+        .layer(IdempotencyLayer::new(store));
+    let key = format!("slow-{}", std::process::id());
+    let (status, _, body, took) = send_work(&app, &key).await;
+    assert_eq!(status, 201, "answered after {took:?}: {body}");
+    let (status, replayed, _, _) = send_work(&app, &key).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(state.calls.load(Ordering::SeqCst), 1);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM slow_work_sqlx")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}
+
+/// The handler of [`lease_mode_across_a_cut`]: its work is outside the database; when
+/// told, the link is cut before it returns (so the lease's completion meets the cut).
+async fn leased_call(
+    State(work): State<Work>,
+    _lease: axum_idempotency::IdempotentLease,
+) -> StatusCode {
+    work.calls.fetch_add(1, Ordering::SeqCst);
+    let cut = work.cut.lock().unwrap().take();
+    if let Some(action) = cut {
+        tokio::task::spawn_blocking(move || Partitioned::script(action))
+            .await
+            .unwrap();
+    }
+    StatusCode::CREATED
+}
+
+/// Lease mode across a cut: the completion that meets the cut and a new key's lease are
+/// both answered 503 within the bound; after the heal a fresh key succeeds at once, and
+/// the key whose result could not be stored is refused 409 (never run twice at once) until
+/// its lease expires, then taken over and run again — lease mode's at-least-once.
+async fn lease_mode_across_a_cut<S: TestStore>(
+    driver: &str,
+    net: &Partitioned,
+    pool: impl IntoStore<Store = S>,
+) {
+    const LEASE: Duration = Duration::from_secs(3);
+    let state = Work::default();
+    let app = Router::new()
+        .route("/work/{key}", routing::post(leased_call))
+        .with_state(state.clone())
+        .layer(IdempotencyLayer::new(pool).lease(LEASE));
+    let (status, _, body, _) = send_work(&app, "lease-warm").await;
+    assert_eq!(status, 201, "{driver}: {body}");
+
+    *state.cut.lock().unwrap() = Some("cut");
+    let (status, _, body, took) = send_work(&app, "lease-cut").await;
+    eprintln!("{driver}, lease mode: completion during the cut: {status} after {took:?}: {body}");
+    assert_eq!(status, 503, "{driver}: {body}");
+    assert!(took <= BOUND, "{driver}: answered after {took:?}");
+    let (status, _, body, took) = send_work(&app, "lease-during").await;
+    eprintln!("{driver}, lease mode: new key during the cut: {status} after {took:?}");
+    assert_eq!(status, 503, "{driver}: {body}");
+    assert!(body.contains("store_unavailable"), "{driver}: {body}");
+    assert!(took <= BOUND, "{driver}: answered after {took:?}");
+
+    net.heal();
+    let healed_at = Instant::now();
+    let (status, _, body, _) = send_work(&app, "lease-fresh").await;
+    let first = healed_at.elapsed();
+    eprintln!("{driver}, lease mode: a fresh key after the heal: {status} after {first:?}");
+    assert_eq!(status, 201, "{driver}: {body}");
+    assert!(first <= Duration::from_secs(2), "{driver}: {first:?}");
+    let mut refused = 0;
+    loop {
+        let (status, replayed, body, took) = send_work(&app, "lease-cut").await;
+        assert!(took <= BOUND, "{driver}: a retry answered after {took:?}");
+        match status {
+            201 => {
+                assert!(!replayed, "{driver}: {body}");
+                break;
+            }
+            409 => refused += 1,
+            _ => panic!("{driver}: a retry got {status}: {body}"),
+        }
+        assert!(
+            healed_at.elapsed() < LEASE + BOUND,
+            "{driver}: the lease was not taken over after it expired"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "{driver}, lease mode: the cut key ran again {:?} after the heal ({refused} retries \
+         answered 409 before)",
+        healed_at.elapsed()
+    );
+    // warm, cut, fresh, the takeover: the new key refused during the cut never ran.
+    assert_eq!(state.calls.load(Ordering::SeqCst), 4, "{driver}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_answers_within_the_bound_during_a_cut() {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let manager = Manager::from_config(
+        config(&net),
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(4)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(4)))
+        .create_timeout(Some(Duration::from_secs(4)))
+        .build()
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    lease_mode_across_a_cut("deadpool", &net, pool).await;
+}
+
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_mode_answers_within_the_bound_during_a_cut_on_sqlx() {
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(4))
+        .connect(&net.url)
+        .await
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    lease_mode_across_a_cut("sqlx", &net, pool).await;
 }

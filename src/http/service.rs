@@ -290,13 +290,42 @@ where
             Err(panic) => Err(panic),
         }
     };
-    match tokio::time::timeout(deadline, work).await {
-        Ok(Ok(Ok(response))) => Outcome::Done(Ok(response)),
-        Ok(Ok(Err(e))) => {
+    // A driver that cannot see a silent link itself watches it while the handler runs. A
+    // lease holder's work is outside the database and is never abandoned for the link: its
+    // own statements are bounded by the driver, and its lease expires if they fail.
+    let link_lost = async {
+        state.config.store.link_lost().await;
+        if state.lease_token().is_some() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let watched = async {
+        tokio::select! {
+            biased;
+            done = work => Some(done),
+            () = link_lost => None,
+        }
+    };
+    match tokio::time::timeout(deadline, watched).await {
+        Ok(None) => {
+            // The handler's statements were waiting on a link that is gone: its
+            // connection is closed, the server rolls the transaction back.
+            state.abandon().await;
+            tracing::warn!(record = %state.id, "database unreachable; rolled back");
+            Outcome::Done(Ok(state.reject(
+                Rejection::new(
+                    RejectionKind::StoreUnavailable,
+                    "the database could not be reached; the work was rolled back, retry the request",
+                )
+                .with_retry_after(state.config.retry_after),
+            )))
+        }
+        Ok(Some(Ok(Ok(response)))) => Outcome::Done(Ok(response)),
+        Ok(Some(Ok(Err(e)))) => {
             state.abandon().await;
             Outcome::Done(Err(e))
         }
-        Ok(Err(panic)) => {
+        Ok(Some(Err(panic))) => {
             if let Some(answer) = state.answered_as_duplicate().await {
                 // The handler panicked on the refused statement of an in-flight duplicate.
                 state.release_redis_lock().await;

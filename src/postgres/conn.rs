@@ -18,8 +18,10 @@ use crate::engine::key::RecordId;
 use crate::engine::record::{Backlog, Deferred};
 use crate::store::sql;
 
-/// How long a background ROLLBACK may take before the connection is discarded instead.
-const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a background ROLLBACK may take before the connection is discarded instead: no
+/// longer than the default bound on an answer during a silent link cut, so a rollback sent
+/// into a dead link never pins a pool slot past it.
+const ROLLBACK_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// A pooled connection that may be inside a transaction.
 ///

@@ -1,32 +1,80 @@
 //! A transaction the crate began on a pooled sqlx connection, and the statement helpers
 //! every concern of the driver shares.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use ::sqlx::postgres::{PgArguments, PgRow, Postgres};
+use ::sqlx::pool::PoolConnection;
+use ::sqlx::postgres::{PgArguments, PgRow, PgTransactionManager, Postgres};
 use ::sqlx::query::Query;
-use ::sqlx::{Executor, PgConnection, Row, Transaction};
+use ::sqlx::{Executor, PgConnection, Row};
+use sqlx_core::transaction::TransactionManager;
 
 use super::SqlxStore;
+use super::link::Link;
 use crate::engine::error::Error;
 use crate::engine::record::Backlog;
 use crate::store::sql;
 
-/// A transaction the crate began on a pooled sqlx connection.
+/// A pooled sqlx connection and the transaction the crate began on it.
 ///
-/// An `sqlx::Transaction` dropped before it ended queues its ROLLBACK, and the pool runs
-/// it before the connection is handed out again (or closes the connection if it fails):
-/// a connection never goes back inside a transaction.
+/// The transaction is begun and ended through sqlx's `TransactionManager` on a
+/// `PoolConnection` this value owns, so the connection's transaction depth is right (a
+/// handler's nested `sqlx::Connection::begin` is a savepoint) and a connection left inside
+/// the transaction — dropped unfinished (a cancelled request, a lost link) or after a
+/// statement that failed on the connection itself — is closed, never returned to the pool:
+/// the server rolls back, and the pool opens a fresh connection in its place.
 pub struct SqlxConn {
-    pub(super) tx: Option<Transaction<'static, Postgres>>,
+    /// `None` once the answer needed no transaction.
+    conn: Option<PoolConnection<Postgres>>,
+    /// The crate's transaction is open on `conn`.
+    open: bool,
     pub(super) persistent: bool,
     /// For the new transaction of a stored 4xx, whose handler writes are discarded.
     pub(super) pool: ::sqlx::PgPool,
+    pub(super) link: Arc<Link>,
 }
 
 impl SqlxConn {
+    /// Begins the crate's transaction on `conn` (bounded by the link's timeout).
+    pub(super) async fn begin(
+        store: &SqlxStore,
+        conn: PoolConnection<Postgres>,
+    ) -> Result<Self, ::sqlx::Error> {
+        let mut this = Self {
+            conn: Some(conn),
+            open: true,
+            persistent: store.persistent,
+            pool: store.pool.clone(),
+            link: store.link.clone(),
+        };
+        let link = this.link.clone();
+        // Open from here on: a BEGIN that failed or timed out leaves the state unknown,
+        // and the connection is closed when `this` drops.
+        link.within(
+            Duration::ZERO,
+            PgTransactionManager::begin(this.connection_mut(), None),
+        )
+        .await?;
+        Ok(this)
+    }
+
+    /// Whether the crate's transaction is still open on this connection.
+    pub(super) fn is_open(&self) -> bool {
+        self.open && self.conn.is_some()
+    }
+
+    /// A store handle with this connection's pool and settings.
+    pub(super) fn store(&self) -> SqlxStore {
+        SqlxStore {
+            pool: self.pool.clone(),
+            persistent: self.persistent,
+            link: self.link.clone(),
+        }
+    }
+
     pub(crate) fn connection(&self) -> &PgConnection {
-        self.tx.as_deref().expect("SqlxConn used after it ended")
+        self.conn.as_deref().expect("SqlxConn used after it ended")
     }
 
     /// The store's prepared-statement setting, for statements run through a handle.
@@ -34,24 +82,70 @@ impl SqlxConn {
         self.persistent
     }
 
-    /// Commits the transaction.
+    /// Commits the transaction (bounded by the link's timeout); the connection goes back
+    /// to the pool only if the `COMMIT` was answered.
     pub(super) async fn commit(&mut self) -> Result<(), ::sqlx::Error> {
-        self.tx.take().expect("an open transaction").commit().await
+        let link = self.link.clone();
+        link.within(
+            Duration::ZERO,
+            PgTransactionManager::commit(self.connection_mut()),
+        )
+        .await?;
+        self.open = false;
+        self.conn = None;
+        Ok(())
+    }
+
+    /// Rolls the transaction back; the connection is closed instead when the rollback
+    /// fails, times out, or the link was just found down.
+    pub(super) async fn rollback(&mut self) -> Result<(), ::sqlx::Error> {
+        if self.link.recently_lost() {
+            return Err(::sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the database was just found unreachable",
+            )));
+        }
+        let link = self.link.clone();
+        link.within(
+            Duration::ZERO,
+            PgTransactionManager::rollback(self.connection_mut()),
+        )
+        .await?;
+        self.open = false;
+        self.conn = None;
+        Ok(())
     }
 
     pub(crate) fn connection_mut(&mut self) -> &mut PgConnection {
-        self.tx
+        self.conn
             .as_deref_mut()
             .expect("SqlxConn used after it ended")
+    }
+}
+
+impl Drop for SqlxConn {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.as_mut() {
+            if self.open {
+                tracing::debug!("closing a connection left inside a transaction");
+                conn.close_on_drop();
+            }
+        }
     }
 }
 
 impl std::fmt::Debug for SqlxConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqlxConn")
-            .field("open", &self.tx.is_some())
+            .field("open", &self.open)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `error` left its connection in an unknown state: I/O failed or timed out, or the
+/// protocol broke (a database error leaves the connection usable).
+pub(super) fn broke_connection(error: &::sqlx::Error) -> bool {
+    matches!(error, ::sqlx::Error::Io(_) | ::sqlx::Error::Protocol(_))
 }
 
 /// The SQLSTATE of a database error.
@@ -72,21 +166,45 @@ impl SqlxStore {
         statement(sql, self.persistent)
     }
 
+    /// A pooled connection, its checkout bounded by the link's timeout.
+    pub(super) async fn acquire(&self) -> Result<PoolConnection<Postgres>, ::sqlx::Error> {
+        self.link.within(Duration::ZERO, self.pool.acquire()).await
+    }
+
     pub(super) async fn begin(&self) -> Result<SqlxConn, Error> {
-        Ok(SqlxConn {
-            tx: Some(self.pool.begin().await?),
-            persistent: self.persistent,
-            pool: self.pool.clone(),
-        })
+        let conn = self.acquire().await?;
+        Ok(SqlxConn::begin(self, conn).await?)
     }
 
     /// A connection that holds no transaction: the answer needed none.
     pub(super) fn ended(&self) -> SqlxConn {
         SqlxConn {
-            tx: None,
+            conn: None,
+            open: false,
             persistent: self.persistent,
             pool: self.pool.clone(),
+            link: self.link.clone(),
         }
+    }
+
+    /// Runs `statement` on a pooled connection of its own, checkout and statement bounded
+    /// by the link's timeout; a connection whose statement failed on the link is closed.
+    pub(super) async fn on_own_connection<T>(
+        &self,
+        statement: impl for<'c> FnOnce(
+            &'c mut PgConnection,
+        )
+            -> futures_util::future::BoxFuture<'c, Result<T, ::sqlx::Error>>,
+    ) -> Result<T, ::sqlx::Error> {
+        // One bound for the checkout and the statement together.
+        let started = std::time::Instant::now();
+        let mut conn = self.acquire().await?;
+        let left = self.link.timeout.saturating_sub(started.elapsed());
+        let done = Link::bounded(left, statement(&mut conn)).await;
+        if done.as_ref().is_err_and(broke_connection) {
+            conn.close_on_drop();
+        }
+        done
     }
 
     /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.

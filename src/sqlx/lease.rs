@@ -17,15 +17,16 @@ impl LeaseStore for SqlxStore {
         record: &NewRecord<'_>,
         lease: Duration,
     ) -> Result<LeaseClaim, Error> {
-        let acquired = self
+        let query = self
             .query(sql::LEASE_ACQUIRE)
             .bind(record.id)
             .bind(record.scope)
             .bind(record.raw_key)
             .bind(&record.fingerprint.0[..])
             .bind(lease.as_secs_f64())
-            .bind(record.ttl.as_secs_f64())
-            .fetch_optional(&self.pool)
+            .bind(record.ttl.as_secs_f64());
+        let acquired = self
+            .on_own_connection(|conn| Box::pin(query.fetch_optional(conn)))
             .await?;
         if let Some(row) = acquired {
             return Ok(LeaseClaim::Acquired {
@@ -43,7 +44,7 @@ impl LeaseStore for SqlxStore {
         token: i64,
         end: LeaseEnd,
     ) -> Result<bool, Error> {
-        let done = self
+        let query = self
             .query(sql::LEASE_COMPLETE)
             .bind(record.id)
             .bind(token)
@@ -53,8 +54,9 @@ impl LeaseStore for SqlxStore {
             .bind(&record.headers[..])
             .bind(&*record.body.bytes)
             .bind(record.body.key_id)
-            .bind(record.ttl.as_secs_f64())
-            .execute(&self.pool)
+            .bind(record.ttl.as_secs_f64());
+        let done = self
+            .on_own_connection(|conn| Box::pin(query.execute(conn)))
             .await?;
         Ok(done.rows_affected() == 1)
     }

@@ -43,6 +43,7 @@
 mod conn;
 mod inbox;
 mod lease;
+mod link;
 mod listen;
 mod maintenance;
 mod migrate;
@@ -64,21 +65,65 @@ use ::sqlx::PgPool;
 
 use crate::store::IntoStore;
 
-/// The sqlx [`Store`](crate::Store): an `sqlx::PgPool` and the crate's prepared-statement
-/// setting. Cloning it is a reference-count bump.
+/// The sqlx [`Store`](crate::Store): an `sqlx::PgPool`, the crate's prepared-statement
+/// setting and its bound on a silent link. Cloning it is a reference-count bump.
+///
+/// `IdempotencyLayer::new(pool)` makes one with the defaults; build it yourself to change
+/// the link timeout:
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use axum_idempotency::IdempotencyLayer;
+/// use axum_idempotency::sqlx::SqlxStore;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let pool = sqlx::postgres::PgPoolOptions::new()
+///     .acquire_timeout(Duration::from_secs(4))
+///     .connect("postgres://postgres@127.0.0.1:5432/postgres")
+///     .await?;
+/// let layer = IdempotencyLayer::new(SqlxStore::new(pool).link_timeout(Duration::from_secs(2)));
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct SqlxStore {
     pool: PgPool,
     persistent: bool,
+    link: std::sync::Arc<link::Link>,
 }
 
 impl SqlxStore {
-    /// A store over `pool`.
+    /// A store over `pool`, with a link timeout of 4 s.
     pub fn new(pool: PgPool) -> Self {
         Self {
             pool,
             persistent: true,
+            link: std::sync::Arc::new(link::Link::new(link::DEFAULT_LINK_TIMEOUT)),
         }
+    }
+
+    /// How long the layer waits on the database before it answers 503 `store_unavailable`
+    /// (default 4 s). sqlx sets no TCP keepalive or user timeout, so a link that went
+    /// silent (packets dropped, nothing sent back) would hold a statement for minutes;
+    /// instead:
+    ///
+    /// - each checkout and each of the crate's statements (the lookup, the claim, the
+    ///   record insert, `COMMIT`, `ROLLBACK`, the lease upserts) fails after `timeout`
+    ///   (a lock wait after `timeout` plus the wait);
+    /// - while a handler runs inside its transaction, the link is checked every
+    ///   `timeout / 2` with a fresh connection (one check at a time, shared by every
+    ///   request); when the server cannot be reached within `timeout / 2`, the handler is
+    ///   abandoned and answered 503 — a handler that runs long on a healthy link is left
+    ///   alone;
+    /// - a connection whose statement timed out, or that was left inside a transaction,
+    ///   is closed, never handed out again, and the pool opens a fresh one.
+    ///
+    /// Give the pool an `acquire_timeout` of the same order, so starting the service
+    /// against a wrong address fails as fast.
+    pub fn link_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.link = std::sync::Arc::new(link::Link::new(
+            timeout.max(std::time::Duration::from_millis(10)),
+        ));
+        self
     }
 }
 

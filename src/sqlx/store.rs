@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use ::sqlx::postgres::types::Oid;
 use ::sqlx::postgres::{PgArgumentBuffer, PgRow, PgTypeInfo, Postgres};
-use ::sqlx::{PgConnection, Row, Transaction};
+use ::sqlx::{PgConnection, Row};
 
 use super::SqlxStore;
 use super::conn::{
-    SqlxConn, UNDEFINED_TABLE, UNIQUE_VIOLATION, sql_state, statement, timed_out, wait_lock,
+    SqlxConn, UNDEFINED_TABLE, UNIQUE_VIOLATION, broke_connection, sql_state, statement, timed_out,
+    wait_lock,
 };
 use super::tx::SqlxTx;
 use crate::engine::error::Error;
@@ -80,30 +81,35 @@ impl Store for SqlxStore {
         wait: Option<Duration>,
     ) -> Result<(Claim, SqlxConn), Error> {
         let lock_key = id.lock_key();
+        let link = &self.link;
         let Some(wait) = wait else {
-            let mut pooled = self.pool.acquire().await?;
-            let peeked = self
-                .query(sql::LOOKUP)
-                .bind(id)
-                .fetch_optional(&mut *pooled)
-                .await?;
-            let peeked = peeked.map(|row| rows::record_row(&row, 9)).transpose()?;
+            let mut pooled = self.acquire().await?;
+            let peeked = link
+                .within(
+                    Duration::ZERO,
+                    self.query(sql::LOOKUP)
+                        .bind(id)
+                        .fetch_optional(&mut *pooled),
+                )
+                .await;
+            if peeked.as_ref().is_err_and(broke_connection) {
+                pooled.close_on_drop();
+            }
+            let peeked = peeked?.map(|row| rows::record_row(&row, 9)).transpose()?;
             if let Some(claim) = Claim::from_peek(peeked) {
                 // Outside any transaction: the connection goes back to the pool as it is.
                 return Ok((claim, self.ended()));
             }
-            // `Transaction::begin` is how `Pool::begin` starts its transaction on a
-            // connection it owns; here the connection is the one just used.
-            let mut conn = SqlxConn {
-                tx: Some(Transaction::begin(pooled, None).await?),
-                persistent: self.persistent,
-                pool: self.pool.clone(),
-            };
-            let row = self
-                .query(sql::CLAIM)
-                .bind(id)
-                .bind(lock_key)
-                .fetch_one(conn.connection_mut())
+            // The transaction begins on the connection just used.
+            let mut conn = SqlxConn::begin(self, pooled).await?;
+            let row = link
+                .within(
+                    Duration::ZERO,
+                    self.query(sql::CLAIM)
+                        .bind(id)
+                        .bind(lock_key)
+                        .fetch_one(conn.connection_mut()),
+                )
                 .await?;
             let locked: bool = row.try_get(9)?;
             let found: bool = row.try_get(10)?;
@@ -115,14 +121,18 @@ impl Store for SqlxStore {
             return Ok((Claim::decide(locked, found, fingerprint), conn));
         };
         let mut conn = self.begin().await?;
-        match wait_lock(conn.connection_mut(), lock_key, wait, self.persistent).await {
+        let locking = wait_lock(conn.connection_mut(), lock_key, wait, self.persistent);
+        match link.within(wait, locking).await {
             Err(e) if timed_out(&e) => return Ok((Claim::InFlight, conn)),
             locked => locked?,
         }
-        let found = self
-            .query(sql::LOOKUP)
-            .bind(id)
-            .fetch_optional(conn.connection_mut())
+        let found = link
+            .within(
+                Duration::ZERO,
+                self.query(sql::LOOKUP)
+                    .bind(id)
+                    .fetch_optional(conn.connection_mut()),
+            )
             .await?;
         let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
         Ok((Claim::decide(true, found, fingerprint), conn))
@@ -135,51 +145,62 @@ impl Store for SqlxStore {
     ) -> Result<(), CommitError> {
         let failed = |e: ::sqlx::Error| CommitError::Failed(Error::Sqlx(e));
         let persistent = conn.persistent;
+        let link = conn.link.clone();
         if let Some(timeout) = completion.discard_handler_writes {
             // Discard the handler's writes, then take the key again in a new transaction;
             // if another request got in between, the insert below meets its record.
-            let handler_tx = conn.tx.take().expect("an open transaction");
-            handler_tx.rollback().await.map_err(failed)?;
-            conn.tx = Some(conn.pool.begin().await.map_err(failed)?);
-            wait_lock(
+            conn.rollback().await.map_err(failed)?;
+            let pooled = link
+                .within(Duration::ZERO, conn.pool.acquire())
+                .await
+                .map_err(failed)?;
+            *conn = SqlxConn::begin(&conn.store(), pooled)
+                .await
+                .map_err(failed)?;
+            let locking = wait_lock(
                 conn.connection_mut(),
                 record.id.lock_key(),
                 timeout,
                 persistent,
+            );
+            link.within(timeout, locking).await.map_err(failed)?;
+        }
+        let connection = conn.connection_mut();
+        if completion.replaces || completion.discard_handler_writes.is_some() {
+            link.within(
+                Duration::ZERO,
+                statement(sql::DELETE_REPLACEABLE, persistent)
+                    .bind(record.id)
+                    .execute(&mut *connection),
             )
             .await
             .map_err(failed)?;
         }
-        let connection = conn.connection_mut();
-        if completion.replaces || completion.discard_handler_writes.is_some() {
-            statement(sql::DELETE_REPLACEABLE, persistent)
-                .bind(record.id)
-                .execute(&mut *connection)
-                .await
-                .map_err(failed)?;
-        }
-        let inserted = statement(sql::INSERT, persistent)
-            .bind(record.id)
-            .bind(record.scope)
-            .bind(record.raw_key)
-            .bind(&record.fingerprint.0[..])
-            .bind(record.status.as_u16() as i16)
-            .bind(&record.headers[..])
-            .bind(&*record.body.bytes)
-            .bind(record.body.key_id)
-            .bind(record.ttl.as_secs_f64())
-            .execute(&mut *connection)
+        let inserted = link
+            .within(
+                Duration::ZERO,
+                statement(sql::INSERT, persistent)
+                    .bind(record.id)
+                    .bind(record.scope)
+                    .bind(record.raw_key)
+                    .bind(&record.fingerprint.0[..])
+                    .bind(record.status.as_u16() as i16)
+                    .bind(&record.headers[..])
+                    .bind(&*record.body.bytes)
+                    .bind(record.body.key_id)
+                    .bind(record.ttl.as_secs_f64())
+                    .execute(&mut *connection),
+            )
             .await;
-        let tx = conn.tx.take().expect("an open transaction");
         match inserted {
             Err(e) if sql_state(&e).as_deref() == Some(UNIQUE_VIOLATION) => {
-                tx.rollback().await.map_err(failed)?;
+                conn.rollback().await.map_err(failed)?;
                 return Err(CommitError::Conflict);
             }
-            // Dropped unfinished, the transaction rolls back.
+            // Left open, the connection is closed when `conn` drops.
             inserted => inserted.map_err(failed)?,
         };
-        tx.commit().await.map_err(failed)
+        conn.commit().await.map_err(failed)
     }
 
     async fn begin(&self) -> Result<SqlxConn, Error> {
@@ -191,20 +212,23 @@ impl Store for SqlxStore {
     }
 
     async fn rollback(mut conn: SqlxConn) {
-        if let Some(tx) = conn.tx.take() {
-            if let Err(error) = tx.rollback().await {
-                tracing::debug!(%error, "ROLLBACK failed; the pool closes the connection");
+        if conn.is_open() {
+            if let Err(error) = conn.rollback().await {
+                tracing::debug!(%error, "ROLLBACK failed; the connection is closed");
             }
         }
     }
 
     async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
+        let query = self.query(sql::LOOKUP).bind(id);
         let row = self
-            .query(sql::LOOKUP)
-            .bind(id)
-            .fetch_optional(&self.pool)
+            .on_own_connection(|conn| Box::pin(query.fetch_optional(conn)))
             .await?;
         Ok(row.map(|row| rows::record_row(&row, 9)).transpose()?)
+    }
+
+    async fn link_lost(&self) {
+        self.link.lost(&self.pool).await;
     }
 
     fn handle(shared: &Arc<SharedTx<SqlxConn>>) -> Option<SqlxTx> {

@@ -117,6 +117,15 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     fn lookup(&self, id: RecordId)
     -> impl Future<Output = Result<Option<RecordRow>, Error>> + Send;
 
+    /// Resolves once the database is found unreachable while a handler's statements run,
+    /// for a driver whose connections cannot notice a silent link themselves (sqlx: no
+    /// TCP keepalive or user timeout). The layer then abandons the handler and answers 503.
+    /// Default: never (tokio-postgres connections fail by their own TCP timeouts).
+    #[doc(hidden)]
+    fn link_lost(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
+    }
+
     /// The record id a handle's transaction claimed (for `derive_key`).
     #[doc(hidden)]
     fn handle_id(handle: &Self::Handle) -> RecordId;
