@@ -32,6 +32,9 @@ use tower::ServiceExt;
 /// take longer.
 const BOUND: Duration = Duration::from_secs(5);
 
+/// How long the link stays cut while clients keep sending, in the examples' test.
+const STEADY_CUT: Duration = Duration::from_secs(30);
+
 /// The namespace and its PostgreSQL; removed on drop.
 struct Partitioned {
     url: String,
@@ -187,6 +190,35 @@ async fn silent_cut(example: &str) {
         "start-up during the cut: failed after {took:?}: {}",
         stderr.trim()
     );
+    // Eight clients keep sending fresh keys until the cut has lasted 30 s: every answer
+    // within the bound, however long the link has been dead.
+    let clients: Vec<_> = (0..8)
+        .map(|client| {
+            let addr = addr.clone();
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while cut_at.elapsed() < STEADY_CUT {
+                    let key = format!("steady-{client}-{}", answers.len());
+                    let (status, _, body, took) = post(&addr, &key).await;
+                    assert_eq!(status, 503, "steady: {body}");
+                    answers.push(took);
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut steady = Vec::new();
+    for client in clients {
+        steady.extend(client.await.unwrap());
+    }
+    let slowest = steady.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "{example} steady: {} answers from 8 clients through a {:?} cut, the slowest after \
+         {slowest:?}",
+        steady.len(),
+        cut_at.elapsed()
+    );
+    assert!(slowest <= BOUND, "steady: answered after {slowest:?}");
     let cut_for = cut_at.elapsed();
 
     net.heal();
