@@ -805,3 +805,129 @@ async fn lease_mode_answers_within_the_bound_during_a_cut_on_sqlx() {
     axum_idempotency::migrate(&pool).await.unwrap();
     lease_mode_across_a_cut("sqlx", &net, pool).await;
 }
+
+/// Records what the relay publishes; the broker is not what these tests cut.
+#[derive(Clone, Default)]
+struct Collected(Arc<Mutex<Vec<String>>>);
+
+impl axum_idempotency::outbox::Publisher for Collected {
+    async fn publish(
+        &self,
+        message: &axum_idempotency::outbox::Outgoing,
+    ) -> Result<(), axum_idempotency::outbox::PublishError> {
+        self.0.lock().unwrap().push(message.message_id().to_owned());
+        Ok(())
+    }
+}
+
+impl Collected {
+    /// Waits up to `within` for `id` to be published; how long it took.
+    async fn wait_for(&self, id: &str, within: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < within {
+            if self.0.lock().unwrap().iter().any(|m| m == id) {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+/// A relay that polls once a minute and is woken by its `LISTEN` connection: after a 25 s
+/// silent cut its listener has noticed the dead link and listens again, so a message
+/// committed after the heal goes out in seconds, not at the next poll.
+async fn listener_across_a_cut<S: TestStore>(
+    driver: &str,
+    net: &Partitioned,
+    pool: impl IntoStore<Store = S>,
+    listener: axum_idempotency::outbox::Listener,
+) {
+    const POLL: Duration = Duration::from_secs(60);
+    let published = Collected::default();
+    let relay = axum_idempotency::outbox::OutboxRelay::new(pool, published.clone())
+        .poll_interval(POLL)
+        .listen(listener)
+        .spawn();
+    let enqueue = async |id: &str| {
+        let db = connect(&net.url).await;
+        axum_idempotency::postgres::enqueue(
+            &db,
+            &axum_idempotency::outbox::OutboxMessage::new("cut", "{}").id(id),
+        )
+        .await
+        .unwrap();
+    };
+    // Its first batch runs at once; its LISTEN is up once that has settled.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    enqueue("before").await;
+    let woken = published.wait_for("before", Duration::from_secs(10)).await;
+    assert!(
+        woken.is_some(),
+        "{driver}: the listener never woke the relay"
+    );
+
+    net.cut();
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    net.heal();
+    let healed_at = Instant::now();
+    enqueue("after").await;
+    let took = published.wait_for("after", POLL / 2).await;
+    eprintln!(
+        "{driver}: LISTEN wake-up before the cut {woken:?}; after a 25 s cut, a commit \
+         {:?} after the heal went out {took:?} later",
+        healed_at.elapsed()
+    );
+    assert!(
+        took.is_some(),
+        "{driver}: the listener stayed deaf after the heal (only polling would deliver)"
+    );
+    relay.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_listens_again_after_a_cut() {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let manager = Manager::from_config(
+        config(&net),
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(4)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(4)))
+        .create_timeout(Some(Duration::from_secs(4)))
+        .build()
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    // The listener's own config: it applies `DEAD_LISTENER_AFTER` itself.
+    let listener = axum_idempotency::outbox::Listener::postgres(net.url.parse().unwrap());
+    listener_across_a_cut("deadpool", &net, pool, listener).await;
+}
+
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_listens_again_after_a_cut_on_sqlx() {
+    if !opted_in() {
+        return;
+    }
+    let _turn = NAMESPACE.lock().await;
+    let net = Partitioned::up();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(4))
+        .connect(&net.url)
+        .await
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    let listener = axum_idempotency::outbox::Listener::sqlx(&pool);
+    listener_across_a_cut("sqlx", &net, pool, listener).await;
+}

@@ -1,6 +1,7 @@
 //! The outbox relay's wake-up on sqlx: [`Listener::sqlx`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use ::sqlx::PgPool;
 use ::sqlx::postgres::PgListener;
@@ -30,16 +31,46 @@ impl Listener {
     }
 }
 
+/// How long the listener waits for a notification before it checks its connection with a
+/// statement, and how long that check (and connecting) may take. sqlx sets no TCP
+/// keepalive: a connection that only receives would never notice a silent link cut.
+const CHECK_AFTER: Duration = Duration::from_secs(10);
+
 /// One connection: `LISTEN`, then a wake-up per notification until the connection ends
 /// (`try_recv` answers `None` when it is lost: the listener reconnects, and wakes the relay
-/// for what it may have missed).
+/// for what it may have missed). After `CHECK_AFTER` without a notification the connection
+/// is checked with `SELECT 1`; one that does not answer within `CHECK_AFTER` ends the
+/// session.
 async fn session(pool: PgPool, wake: Arc<Notify>) -> Result<(), SessionError> {
-    let mut listener = PgListener::connect_with(&pool).await?;
-    listener.listen(OUTBOX_CHANNEL).await?;
+    let connect = async {
+        let mut listener = PgListener::connect_with(&pool).await?;
+        listener.listen(OUTBOX_CHANNEL).await?;
+        Ok::<_, ::sqlx::Error>(listener)
+    };
+    let mut listener = bounded(connect).await?;
     tracing::debug!("outbox relay listening");
     wake.notify_one();
-    while listener.try_recv().await?.is_some() {
-        wake.notify_one();
+    loop {
+        // `try_recv` keeps what it read when it is cancelled.
+        match tokio::time::timeout(CHECK_AFTER, listener.try_recv()).await {
+            Ok(Ok(Some(_))) => wake.notify_one(),
+            Ok(Ok(None)) => return Ok(()),
+            Ok(Err(error)) => return Err(error.into()),
+            Err(_quiet) => {
+                bounded(::sqlx::query("SELECT 1").execute(&mut listener)).await?;
+            }
+        }
     }
-    Ok(())
+}
+
+/// `work`, failed as a timed-out I/O error after `CHECK_AFTER`.
+async fn bounded<T>(
+    work: impl std::future::Future<Output = Result<T, ::sqlx::Error>>,
+) -> Result<T, SessionError> {
+    match tokio::time::timeout(CHECK_AFTER, work).await {
+        Ok(done) => Ok(done?),
+        Err(_elapsed) => {
+            Err(format!("the listener's connection did not answer within {CHECK_AFTER:?}").into())
+        }
+    }
 }
