@@ -496,7 +496,8 @@ async fn cut_then_write<S: TestStore>(
 
 /// A link cut while the handler's statement is in flight: the request is answered 503
 /// within the bound, nothing of it commits, and its retry after the heal runs once — on
-/// each driver, with the pool settings its guide recommends.
+/// each driver, with the pool settings its guide recommends; a key whose answer the
+/// in-process cache holds is replayed from it during the cut.
 async fn statement_in_flight<S: TestStore>(
     driver: &str,
     net: &Partitioned,
@@ -513,7 +514,7 @@ async fn statement_in_flight<S: TestStore>(
     let app = Router::new()
         .route("/work/{key}", routing::post(cut_then_write::<S>))
         .with_state(state.clone())
-        .layer(IdempotencyLayer::new(pool));
+        .layer(IdempotencyLayer::new(pool).cache_responses(1 << 20));
     let rows = async || -> i64 {
         let db = connect(&net_url).await;
         db.query_one("SELECT count(*) FROM cut_work", &[])
@@ -530,6 +531,11 @@ async fn statement_in_flight<S: TestStore>(
     assert_eq!(status, 503, "{driver}: {body}");
     assert!(body.contains("store_unavailable"), "{driver}: {body}");
     assert!(took <= BOUND, "{driver}: answered after {took:?}");
+    // A key whose answer is in the in-process cache is replayed from it during the cut.
+    let (status, replayed, body, took) = send_work(&app, "warm").await;
+    eprintln!("{driver}: a cached key during the cut: {status} after {took:?}");
+    assert_eq!((status, replayed), (201, true), "{driver}: {body}");
+    assert!(took <= Duration::from_millis(500), "{driver}: {took:?}");
     // A fresh key during the cut: bounded too.
     let (status, _, body, took) = send_work(&app, "during").await;
     eprintln!("{driver}: new key during the cut: {status} after {took:?}");
