@@ -28,6 +28,9 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 /// about two of them.
 const HEARTBEAT: &str = "heartbeat=2";
 
+/// The tests take turns: two of them use the PostgreSQL namespace.
+static NAMESPACE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// How long each link stays cut.
 const CUT: Duration = Duration::from_secs(20);
 
@@ -322,52 +325,15 @@ async fn the_relay_and_the_consumer_ride_out_a_silent_broker_cut() {
 /// The consumer's database is cut off while messages arrive: it acknowledges nothing it
 /// could not commit, keeps each message in hand (the quorum queue's delivery limit of 2 is
 /// not spent on the cut), and after the heal each message takes effect once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_consumer_acknowledges_nothing_during_a_database_cut() {
-    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-    if !opted_in() {
-        return;
-    }
-    let Some(broker) = common::rabbit::connect().await else {
-        return;
-    };
-    let net = Namespace::up("netns.sh");
-    let mut config: tokio_postgres::Config = net.url.parse().unwrap();
-    axum_idempotency::postgres::detect_dead_peers(&mut config, Duration::from_secs(4));
-    let manager = Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(4)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(4)))
-        .create_timeout(Some(Duration::from_secs(4)))
-        .build()
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
-    let db = connect(&net.url).await;
-    db.batch_execute("CREATE TABLE grants (message_id text NOT NULL)")
-        .await
-        .unwrap();
-    drop(db);
+async fn consumer_across_a_database_cut(
+    driver: &str,
+    net: &Namespace,
+    broker: &Connection,
+    start: impl AsyncFnOnce(&str) -> axum_idempotency::inbox::rabbit::ConsumerHandle,
+) {
     let queue = unique_name("dbcut");
-    let dead = declare_queues(&broker, &queue).await;
-    let consumer = Consumer::new(Inbox::new(pool.clone(), "db-cut"), [amqp_url()], &queue)
-        .max_backoff(Duration::from_millis(500))
-        .start(|tx, message| async move {
-            tx.execute(
-                "INSERT INTO grants (message_id) VALUES ($1)",
-                &[&message.id()],
-            )
-            .await?;
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
-        })
-        .await
-        .unwrap();
+    let dead = declare_queues(broker, &queue).await;
+    let consumer = start(&queue).await;
     let channel = broker.create_channel().await.unwrap();
     let publish = async |from: usize, to: usize| {
         for i in from..to {
@@ -387,14 +353,15 @@ async fn the_consumer_acknowledges_nothing_during_a_database_cut() {
                 .unwrap();
         }
     };
-    let granted = async || -> i64 {
+    let count = async |sql: &str| -> i64 {
         connect(&net.url)
             .await
-            .query_one("SELECT count(*) FROM grants", &[])
+            .query_one(sql, &[])
             .await
             .unwrap()
             .get(0)
     };
+    let granted = async || count("SELECT count(*) FROM grants").await;
     publish(0, 10).await;
     within(
         "the first ten granted",
@@ -408,12 +375,12 @@ async fn the_consumer_acknowledges_nothing_during_a_database_cut() {
     publish(10, 30).await;
     tokio::time::sleep(CUT).await;
     // Nothing acknowledged: the twenty are in the consumer's hand (prefetched) or queued.
-    let waiting = depth(&broker, &queue).await;
+    let waiting = depth(broker, &queue).await;
     net.heal();
     let healed_at = Instant::now();
     eprintln!(
-        "database cut {:?}: {waiting} messages ready in the queue, the rest in the \
-         consumer's hand, none acknowledged",
+        "{driver}: database cut {:?}: {waiting} messages ready in the queue, the rest in \
+         the consumer's hand, none acknowledged",
         cut_at.elapsed()
     );
     within(
@@ -423,32 +390,125 @@ async fn the_consumer_acknowledges_nothing_during_a_database_cut() {
     )
     .await;
     eprintln!(
-        "database cut: all 30 granted {:?} after the heal",
+        "{driver}: database cut: all 30 granted {:?} after the heal",
         healed_at.elapsed()
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     consumer.shutdown().await;
-    let db = connect(&net.url).await;
-    let distinct: i64 = db
-        .query_one("SELECT count(DISTINCT message_id) FROM grants", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(distinct, 30, "each message once");
-    assert_eq!(granted().await, 30, "no message's work twice");
     assert_eq!(
-        depth(&broker, &queue).await,
+        count("SELECT count(DISTINCT message_id) FROM grants").await,
+        30,
+        "{driver}: each message once"
+    );
+    assert_eq!(granted().await, 30, "{driver}: no message's work twice");
+    assert_eq!(
+        depth(broker, &queue).await,
         0,
-        "every message acknowledged"
+        "{driver}: every message acknowledged"
     );
     assert_eq!(
-        depth(&broker, &dead).await,
+        depth(broker, &dead).await,
         0,
-        "no message dead-lettered for the cut"
+        "{driver}: no message dead-lettered for the cut"
     );
     for name in [&queue, &dead] {
         let _ = channel
             .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
             .await;
     }
+}
+
+/// The table the consumers' work writes, on the partitioned database.
+async fn grants_table(net: &Namespace) {
+    connect(&net.url)
+        .await
+        .batch_execute("CREATE TABLE grants (message_id text NOT NULL)")
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_acknowledges_nothing_during_a_database_cut() {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+    if !opted_in() {
+        return;
+    }
+    let Some(broker) = common::rabbit::connect().await else {
+        return;
+    };
+    let _turn = NAMESPACE.lock().await;
+    let net = Namespace::up("netns.sh");
+    let mut config: tokio_postgres::Config = net.url.parse().unwrap();
+    axum_idempotency::postgres::detect_dead_peers(&mut config, Duration::from_secs(4));
+    let manager = Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(4)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(4)))
+        .create_timeout(Some(Duration::from_secs(4)))
+        .build()
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    grants_table(&net).await;
+    let start = async |queue: &str| {
+        Consumer::new(Inbox::new(pool.clone(), "db-cut"), [amqp_url()], queue)
+            .max_backoff(Duration::from_millis(500))
+            .start(|tx, message| async move {
+                tx.execute(
+                    "INSERT INTO grants (message_id) VALUES ($1)",
+                    &[&message.id()],
+                )
+                .await?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
+            .await
+            .unwrap()
+    };
+    consumer_across_a_database_cut("deadpool", &net, &broker, start).await;
+}
+
+/// The same on sqlx, whose connections set no TCP timeouts: the store's link bound and
+/// its watch of the link while the work runs keep the consumer from waiting on a dead
+/// connection.
+#[cfg(feature = "sqlx")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_acknowledges_nothing_during_a_database_cut_on_sqlx() {
+    if !opted_in() {
+        return;
+    }
+    let Some(broker) = common::rabbit::connect().await else {
+        return;
+    };
+    let _turn = NAMESPACE.lock().await;
+    let net = Namespace::up("netns.sh");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(4))
+        .connect(&net.url)
+        .await
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    grants_table(&net).await;
+    let start = async |queue: &str| {
+        Consumer::new(Inbox::new(pool.clone(), "db-cut"), [amqp_url()], queue)
+            .max_backoff(Duration::from_millis(500))
+            .start(
+                |mut tx: axum_idempotency::sqlx::IdempotentTx, message| async move {
+                    sqlx::query("INSERT INTO grants (message_id) VALUES ($1)")
+                        .bind(message.id())
+                        .execute(&mut *tx)
+                        .await?;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+                },
+            )
+            .await
+            .unwrap()
+    };
+    consumer_across_a_database_cut("sqlx", &net, &broker, start).await;
 }

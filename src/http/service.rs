@@ -294,7 +294,7 @@ where
     // lease holder's work is outside the database and is never abandoned for the link: its
     // own statements are bounded by the driver, and its lease expires if they fail.
     let link_lost = async {
-        state.config.store.link_lost().await;
+        let _unreachable = state.config.store.link_lost().await;
         if state.lease_token().is_some() {
             std::future::pending::<()>().await;
         }

@@ -356,9 +356,22 @@ impl<D: InboxStore> Inbox<D> {
         let shared = Arc::new(SharedTx::new(id));
         *shared.slot().await = Some(conn);
         let handle = D::handle(&shared).expect("a fresh transaction has no other handle");
-        let result = AssertUnwindSafe(work(IdempotentTx::new(handle)))
-            .catch_unwind()
-            .await;
+        let work = AssertUnwindSafe(work(IdempotentTx::new(handle))).catch_unwind();
+        // A driver that cannot see a silent link itself watches it while the work runs.
+        let result = tokio::select! {
+            biased;
+            result = work => result,
+            error = config.store.link_lost() => {
+                // The work is dropped with its handle; its connection is closed and the
+                // server rolls the transaction back. Not the message's failure: no
+                // attempt is counted.
+                drop(shared.take().await);
+                tracing::warn!(group = %config.group, message = %id,
+                    error = %crate::engine::error::Chain(&error),
+                    "database unreachable; the work was abandoned and rolled back");
+                return Err(InboxError::Store(error));
+            }
+        };
         let leaked = shared.live_handles() > 0;
         // A leaked handle may hold the transaction: it then rolls back when the handle
         // lets go of it.

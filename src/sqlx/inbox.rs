@@ -24,19 +24,20 @@ impl InboxStore for SqlxStore {
         wait: Duration,
     ) -> Result<InboxClaim<SqlxConn>, Error> {
         let mut conn = self.begin().await?;
-        match wait_lock(conn.connection_mut(), id.lock_key(), wait, self.persistent).await {
+        let link = self.link.clone();
+        let locking = wait_lock(conn.connection_mut(), id.lock_key(), wait, self.persistent);
+        match link.within(wait, locking).await {
             Err(e) if timed_out(&e) => return Ok(InboxClaim::Busy),
             locked => locked?,
         }
-        let found = self
+        let lookup = self
             .query(sql::INBOX_LOOKUP)
             .bind(group)
             .bind(message_id)
-            .fetch_optional(conn.connection_mut())
-            .await?;
-        conn.connection_mut()
-            .execute(sql::INBOX_WORK_SAVEPOINT)
-            .await?;
+            .fetch_optional(conn.connection_mut());
+        let found = link.within(Duration::ZERO, lookup).await?;
+        let savepoint = conn.connection_mut().execute(sql::INBOX_WORK_SAVEPOINT);
+        link.within(Duration::ZERO, savepoint).await?;
         let record = match found {
             Some(row) => Some(InboxRecord {
                 succeeded: row.try_get(0)?,
@@ -55,7 +56,8 @@ impl InboxStore for SqlxStore {
         write: &InboxWrite<'_>,
         attempts: i32,
     ) -> Result<(), Error> {
-        statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
+        let link = conn.link.clone();
+        let record = statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
             .bind(write.group)
             .bind(write.message_id)
             .bind(attempts)
@@ -63,8 +65,8 @@ impl InboxStore for SqlxStore {
             .bind(write.payload)
             .bind(write.payload_key_id)
             .bind(write.retention.as_secs_f64())
-            .execute(conn.connection_mut())
-            .await?;
+            .execute(conn.connection_mut());
+        link.within(Duration::ZERO, record).await?;
         conn.commit().await?;
         Ok(())
     }
@@ -74,12 +76,12 @@ impl InboxStore for SqlxStore {
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
-        conn.connection_mut()
-            .execute(sql::INBOX_ROLLBACK_WORK)
-            .await?;
-        let row = failure(write, error, conn.persistent())
-            .fetch_optional(conn.connection_mut())
-            .await?;
+        let link = conn.link.clone();
+        let undo = conn.connection_mut().execute(sql::INBOX_ROLLBACK_WORK);
+        link.within(Duration::ZERO, undo).await?;
+        let persistent = conn.persistent();
+        let recorded = failure(write, error, persistent).fetch_optional(conn.connection_mut());
+        let row = link.within(Duration::ZERO, recorded).await?;
         conn.commit().await?;
         Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
@@ -89,8 +91,9 @@ impl InboxStore for SqlxStore {
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
-        let row = failure(write, error, self.persistent)
-            .fetch_optional(&self.pool)
+        let query = failure(write, error, self.persistent);
+        let row = self
+            .on_own_connection(|conn| Box::pin(query.fetch_optional(conn)))
             .await?;
         Ok(row.map(|row| row.try_get(0)).transpose()?)
     }

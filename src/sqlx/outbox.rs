@@ -3,6 +3,7 @@
 //! statements.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use ::sqlx::postgres::{PgRow, Postgres};
 use ::sqlx::{Executor, Row};
@@ -27,11 +28,11 @@ impl OutboxStore for SqlxStore {
 
     async fn outbox_lock_batch(&self, limit: i64) -> Result<Option<OutboxBatch<SqlxConn>>, Error> {
         let mut conn = self.begin().await?;
-        let rows = self
+        let locked = self
             .query(sql::OUTBOX_LOCK_BATCH)
             .bind(limit)
-            .fetch_all(conn.connection_mut())
-            .await?;
+            .fetch_all(conn.connection_mut());
+        let rows = self.link.within(Duration::ZERO, locked).await?;
         let rows = rows.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
         if rows.is_empty() {
             <SqlxStore as Store>::rollback(conn).await;
@@ -39,12 +40,12 @@ impl OutboxStore for SqlxStore {
         }
         let mut barriers = HashMap::new();
         if let Some((keys, seqs)) = barrier_params(&rows) {
-            let found = self
+            let query = self
                 .query(sql::OUTBOX_BARRIERS)
                 .bind(&keys[..])
                 .bind(&seqs[..])
-                .fetch_all(conn.connection_mut())
-                .await?;
+                .fetch_all(conn.connection_mut());
+            let found = self.link.within(Duration::ZERO, query).await?;
             for row in found {
                 barriers.insert(row.try_get(0)?, row.try_get(1)?);
             }
@@ -57,22 +58,24 @@ impl OutboxStore for SqlxStore {
     }
 
     async fn outbox_settle(mut conn: SqlxConn, s: &Settlement<'_>) -> Result<u64, Error> {
+        let link = conn.link.clone();
+        let persistent = conn.persistent();
         if !s.sent.is_empty() {
-            statement(sql::OUTBOX_MARK_SENT, conn.persistent())
+            let sent = statement(sql::OUTBOX_MARK_SENT, persistent)
                 .bind(s.sent)
-                .execute(conn.connection_mut())
-                .await?;
+                .execute(conn.connection_mut());
+            link.within(Duration::ZERO, sent).await?;
         }
         let mut parked = 0;
         if !s.refused.is_empty() {
-            let rows = statement(sql::OUTBOX_MARK_FAILED, conn.persistent())
+            let failed = statement(sql::OUTBOX_MARK_FAILED, persistent)
                 .bind(s.refused)
                 .bind(s.errors)
                 .bind(s.max_attempts)
                 .bind(s.retry_base_seconds)
                 .bind(s.retry_cap_seconds)
-                .fetch_all(conn.connection_mut())
-                .await?;
+                .fetch_all(conn.connection_mut());
+            let rows = link.within(Duration::ZERO, failed).await?;
             for row in rows {
                 if row.try_get::<bool, _>(0)? {
                     parked += 1;

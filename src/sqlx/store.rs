@@ -227,8 +227,15 @@ impl Store for SqlxStore {
         Ok(row.map(|row| rows::record_row(&row, 9)).transpose()?)
     }
 
-    async fn link_lost(&self) {
+    async fn link_lost(&self) -> Error {
         self.link.lost(&self.pool).await;
+        Error::Sqlx(::sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the database could not be reached within {:?}",
+                self.link.timeout
+            ),
+        )))
     }
 
     fn handle(shared: &Arc<SharedTx<SqlxConn>>) -> Option<SqlxTx> {

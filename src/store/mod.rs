@@ -117,12 +117,14 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     fn lookup(&self, id: RecordId)
     -> impl Future<Output = Result<Option<RecordRow>, Error>> + Send;
 
-    /// Resolves once the database is found unreachable while a handler's statements run,
-    /// for a driver whose connections cannot notice a silent link themselves (sqlx: no
-    /// TCP keepalive or user timeout). The layer then abandons the handler and answers 503.
-    /// Default: never (tokio-postgres connections fail by their own TCP timeouts).
+    /// Resolves, with the error to report, once the database is found unreachable while a
+    /// handler's (or an Inbox consumer's) statements run, for a driver whose connections
+    /// cannot notice a silent link themselves (sqlx: no TCP keepalive or user timeout). The
+    /// layer then abandons the handler and answers 503; the Inbox abandons the work and
+    /// reports a store error (the message is not acknowledged). Default: never
+    /// (tokio-postgres connections fail by their own TCP timeouts).
     #[doc(hidden)]
-    fn link_lost(&self) -> impl Future<Output = ()> + Send {
+    fn link_lost(&self) -> impl Future<Output = Error> + Send {
         std::future::pending()
     }
 
