@@ -196,10 +196,24 @@ impl SqlxStore {
         )
             -> futures_util::future::BoxFuture<'c, Result<T, ::sqlx::Error>>,
     ) -> Result<T, ::sqlx::Error> {
+        self.on_own_connection_within(self.link.timeout, statement)
+            .await
+    }
+
+    /// [`on_own_connection`](Self::on_own_connection) with a bound of its own, for
+    /// statements that may run longer than the link timeout on a healthy server.
+    pub(super) async fn on_own_connection_within<T>(
+        &self,
+        bound: Duration,
+        statement: impl for<'c> FnOnce(
+            &'c mut PgConnection,
+        )
+            -> futures_util::future::BoxFuture<'c, Result<T, ::sqlx::Error>>,
+    ) -> Result<T, ::sqlx::Error> {
         // One bound for the checkout and the statement together.
         let started = std::time::Instant::now();
         let mut conn = self.acquire().await?;
-        let left = self.link.timeout.saturating_sub(started.elapsed());
+        let left = bound.saturating_sub(started.elapsed());
         let done = Link::bounded(left, statement(&mut conn)).await;
         if done.as_ref().is_err_and(broke_connection) {
             conn.close_on_drop();

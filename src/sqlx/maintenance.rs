@@ -1,6 +1,8 @@
 //! Maintenance on sqlx: the sweeper's autocommit batches, the stale-lease scan, and the
 //! record look-ups of `Admin`.
 
+use std::time::Duration;
+
 use ::sqlx::Row;
 
 use super::SqlxStore;
@@ -12,20 +14,26 @@ use crate::engine::view::{ArchivedRecord, RecordInfo};
 use crate::store::sql::export_columns;
 use crate::store::{MaintenanceStore, rows, sql};
 
+/// How long one of the sweeper's batches may take before it fails as a lost link (the run
+/// ends with the error and the next run tries again): far longer than a batch takes on a
+/// healthy server, far shorter than the kernel's wait on a silently cut connection.
+const BATCH_BOUND: Duration = Duration::from_secs(30);
+
 impl MaintenanceStore for SqlxStore {
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
         let query = match batch {
             SweepBatch::PurgeRecords(r) if r.archive.is_some() => {
                 let success = r.success_grace.as_secs_f64();
                 let failure = r.failure_retention.as_secs_f64();
-                let purged: i64 = self
+                let query = self
                     .query(sql::PURGE_RECORDS_ARCHIVING)
                     .bind(success)
                     .bind(failure)
                     .bind(success.min(failure))
                     .bind(r.limit)
-                    .bind(r.archive.is_some_and(|a| a.keeps_response()))
-                    .fetch_one(&self.pool)
+                    .bind(r.archive.is_some_and(|a| a.keeps_response()));
+                let purged: i64 = self
+                    .on_own_connection_within(BATCH_BOUND, |conn| Box::pin(query.fetch_one(conn)))
                     .await?
                     .try_get(0)?;
                 return Ok(purged as u64);
@@ -55,7 +63,10 @@ impl MaintenanceStore for SqlxStore {
                 .bind(after.as_secs_f64())
                 .bind(limit),
         };
-        Ok(query.execute(&self.pool).await?.rows_affected())
+        let done = self
+            .on_own_connection_within(BATCH_BOUND, |conn| Box::pin(query.execute(conn)))
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
@@ -75,14 +86,15 @@ impl MaintenanceStore for SqlxStore {
 
     async fn purge_exported(&self, stamps: &[ExportStamp]) -> Result<u64, Error> {
         let (ids, created, updated) = export_columns(stamps);
-        Ok(self
+        let query = self
             .query(sql::PURGE_EXPORTED)
             .bind(ids)
             .bind(created)
-            .bind(updated)
-            .execute(&self.pool)
-            .await?
-            .rows_affected())
+            .bind(updated);
+        let done = self
+            .on_own_connection_within(BATCH_BOUND, |conn| Box::pin(query.execute(conn)))
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn stale_summary(&self) -> Result<Backlog, Error> {
