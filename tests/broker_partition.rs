@@ -429,7 +429,6 @@ async fn grants_table(net: &Namespace) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_consumer_acknowledges_nothing_during_a_database_cut() {
-    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
     if !opted_in() {
         return;
     }
@@ -438,23 +437,7 @@ async fn the_consumer_acknowledges_nothing_during_a_database_cut() {
     };
     let _turn = NAMESPACE.lock().await;
     let net = Namespace::up("netns.sh");
-    let mut config: tokio_postgres::Config = net.url.parse().unwrap();
-    axum_idempotency::postgres::detect_dead_peers(&mut config, Duration::from_secs(4));
-    let manager = Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(4)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(4)))
-        .create_timeout(Some(Duration::from_secs(4)))
-        .build()
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = dead_peer_pool(&net.url, 4).await;
     grants_table(&net).await;
     let start = async |queue: &str| {
         Consumer::new(Inbox::new(pool.clone(), "db-cut"), [amqp_url()], queue)
@@ -487,13 +470,7 @@ async fn the_consumer_acknowledges_nothing_during_a_database_cut_on_sqlx() {
     };
     let _turn = NAMESPACE.lock().await;
     let net = Namespace::up("netns.sh");
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(4))
-        .connect(&net.url)
-        .await
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = bounded_sqlx_pool(&net.url).await;
     grants_table(&net).await;
     let start = async |queue: &str| {
         Consumer::new(Inbox::new(pool.clone(), "db-cut"), [amqp_url()], queue)

@@ -318,31 +318,14 @@ async fn send_work(app: &Router, key: &str) -> (u16, bool, String, Duration) {
 ///   wait); then it runs, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_whose_answer_is_lost_is_replayed_and_one_never_sent_runs_once() {
-    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
     if !opted_in() {
         return;
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let mut config: tokio_postgres::Config = net.url.parse().unwrap();
-    axum_idempotency::postgres::detect_dead_peers(&mut config, Duration::from_secs(4));
-    let manager = Manager::from_config(
-        config,
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
     // One connection, warmed by a first request: the record's insert is prepared on it, so
     // the cut request's insert and COMMIT leave together, in one write.
-    let pool = Pool::builder(manager)
-        .max_size(1)
-        .runtime(deadpool_postgres::Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(4)))
-        .create_timeout(Some(Duration::from_secs(4)))
-        .build()
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = dead_peer_pool(&net.url, 1).await;
     let db = connect(&net.url).await;
     db.batch_execute("CREATE TABLE cut_work (key text NOT NULL)")
         .await
@@ -561,36 +544,14 @@ async fn statement_in_flight<S: TestStore>(
     );
 }
 
-/// tokio-postgres' TCP settings for a dead peer, as the guide recommends.
-fn config(net: &Partitioned) -> tokio_postgres::Config {
-    let mut config: tokio_postgres::Config = net.url.parse().unwrap();
-    axum_idempotency::postgres::detect_dead_peers(&mut config, Duration::from_secs(4));
-    config
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_in_flight_during_a_cut_is_answered_within_the_bound() {
-    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
     if !opted_in() {
         return;
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let manager = Manager::from_config(
-        config(&net),
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(4)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(4)))
-        .create_timeout(Some(Duration::from_secs(4)))
-        .build()
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = dead_peer_pool(&net.url, 4).await;
     statement_in_flight("deadpool", &net, pool).await;
 }
 
@@ -604,9 +565,13 @@ async fn a_statement_in_flight_during_a_cut_is_answered_within_the_bound_on_bb8(
     let net = Partitioned::up();
     let pool = bb8::Pool::builder()
         .max_size(4)
-        .connection_timeout(Duration::from_secs(4))
+        .connection_timeout(LINK_BOUND)
         .build(bb8_postgres::PostgresConnectionManager::new(
-            config(&net),
+            {
+                let mut config: tokio_postgres::Config = net.url.parse().unwrap();
+                axum_idempotency::postgres::detect_dead_peers(&mut config, LINK_BOUND);
+                config
+            },
             tokio_postgres::NoTls,
         ))
         .await
@@ -623,13 +588,7 @@ async fn a_statement_in_flight_during_a_cut_is_answered_within_the_bound_on_sqlx
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(4))
-        .connect(&net.url)
-        .await
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = bounded_sqlx_pool(&net.url).await;
     statement_in_flight("sqlx", &net, pool).await;
 }
 
@@ -770,27 +729,12 @@ async fn lease_mode_across_a_cut<S: TestStore>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_mode_answers_within_the_bound_during_a_cut() {
-    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
     if !opted_in() {
         return;
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let manager = Manager::from_config(
-        config(&net),
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(4)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(4)))
-        .create_timeout(Some(Duration::from_secs(4)))
-        .build()
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = dead_peer_pool(&net.url, 4).await;
     lease_mode_across_a_cut("deadpool", &net, pool).await;
 }
 
@@ -802,13 +746,7 @@ async fn lease_mode_answers_within_the_bound_during_a_cut_on_sqlx() {
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(4))
-        .connect(&net.url)
-        .await
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = bounded_sqlx_pool(&net.url).await;
     lease_mode_across_a_cut("sqlx", &net, pool).await;
 }
 
@@ -893,27 +831,12 @@ async fn listener_across_a_cut<S: TestStore>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_listens_again_after_a_cut() {
-    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
     if !opted_in() {
         return;
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let manager = Manager::from_config(
-        config(&net),
-        tokio_postgres::NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(4)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(4)))
-        .create_timeout(Some(Duration::from_secs(4)))
-        .build()
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = dead_peer_pool(&net.url, 4).await;
     // The listener's own config: it applies `DEAD_LISTENER_AFTER` itself.
     let listener = axum_idempotency::outbox::Listener::postgres(net.url.parse().unwrap());
     listener_across_a_cut("deadpool", &net, pool, listener).await;
@@ -927,13 +850,7 @@ async fn a_relay_listens_again_after_a_cut_on_sqlx() {
     }
     let _turn = NAMESPACE.lock().await;
     let net = Partitioned::up();
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .acquire_timeout(Duration::from_secs(4))
-        .connect(&net.url)
-        .await
-        .unwrap();
-    axum_idempotency::migrate(&pool).await.unwrap();
+    let pool = bounded_sqlx_pool(&net.url).await;
     let listener = axum_idempotency::outbox::Listener::sqlx(&pool);
     listener_across_a_cut("sqlx", &net, pool, listener).await;
 }

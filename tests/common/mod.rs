@@ -714,3 +714,43 @@ pub fn gated() -> (Arc<Knobs>, Arc<Semaphore>) {
     });
     (knobs, gate)
 }
+
+/// How long the partition tests let a request wait on a silently cut link (the examples'
+/// `LINK_TIMEOUT`).
+pub const LINK_BOUND: Duration = Duration::from_secs(4);
+
+/// A migrated deadpool pool on `url`, set up for silent link cuts as the operations guide
+/// says: `detect_dead_peers` and the pool's wait and create timeouts, all [`LINK_BOUND`].
+pub async fn dead_peer_pool(url: &str, max_size: usize) -> Pool {
+    let mut config: tokio_postgres::Config = url.parse().unwrap();
+    axum_idempotency::postgres::detect_dead_peers(&mut config, LINK_BOUND);
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(max_size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(LINK_BOUND))
+        .create_timeout(Some(LINK_BOUND))
+        .build()
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    pool
+}
+
+/// A migrated sqlx pool of 4 on `url` whose checkout is bounded by [`LINK_BOUND`].
+#[cfg(feature = "sqlx")]
+pub async fn bounded_sqlx_pool(url: &str) -> sqlx::PgPool {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(LINK_BOUND)
+        .connect(url)
+        .await
+        .unwrap();
+    axum_idempotency::migrate(&pool).await.unwrap();
+    pool
+}
