@@ -1,0 +1,5 @@
+\set k random(1, 9000000000000000000)
+SELECT 1;
+BEGIN;
+INSERT INTO orders (user_id, amount) VALUES (1, 2) RETURNING id;
+COMMIT;
