@@ -3,6 +3,7 @@
 //! and the rejections. It knows nothing of SQL: every database step goes through the
 //! request's [`Store`](crate::Store).
 
+mod body;
 mod claim;
 mod complete;
 pub(crate) mod config;
