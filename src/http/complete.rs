@@ -131,7 +131,11 @@ impl<D: LeaseStore> RequestState<D> {
                         telemetry::request(RequestOutcome::InFlight);
                         self.reject(self.in_flight(self.config.retry_after))
                     }
-                    Err(e) => self.unavailable(e),
+                    Err(e) => {
+                        tracing::warn!(record = %self.id, error = %crate::engine::error::Chain(&e),
+                            "could not read the record that won the key");
+                        self.unavailable(e)
+                    }
                 }
             }
             Err(CommitError::InFlight) => {
@@ -219,7 +223,11 @@ impl<D: LeaseStore> RequestState<D> {
             match found.map(|row| row.map(Existing::from).filter(|existing| !existing.expired)) {
                 Ok(Some(existing)) => return Some(self.answer_existing(existing).await),
                 Ok(None) => {}
-                Err(e) => return Some(self.unavailable(e)),
+                Err(e) => {
+                    tracing::warn!(record = %self.id, error = %crate::engine::error::Chain(&e),
+                        "could not read the record of an earlier request with this key");
+                    return Some(self.unavailable(e));
+                }
             }
         }
         tracing::debug!(record = %self.id, "in flight (the lock sent with the first statement was held)");
