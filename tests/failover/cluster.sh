@@ -158,9 +158,13 @@ EOF
     # A node the monitor cannot reach is demoted after primary_demote_timeout; its keeper
     # demotes itself after timeout.network_partition_timeout (set to 3 s below), which must
     # stay shorter. Defaults: 30 s and 20 s.
+    # The monitor promotes a standby only within promote_wal_log_threshold (16 MB) of the
+    # primary's last reported position; the lagging asynchronous run stops the standby's
+    # WAL receiver for 1.5 s under load, which on a fast machine writes more than that, and
+    # its failover (and the loss it measures) would then never happen. 1 GB here.
     for setting in primary_demote_timeout=6000 health_check_period=1000 \
         health_check_timeout=1000 health_check_max_retries=1 health_check_retry_delay=500 \
-        node_considered_unhealthy_timeout=3000; do
+        node_considered_unhealthy_timeout=3000 promote_wal_log_threshold=1073741824; do
         as_pg psql -X -qtA -p "$MONITOR_PORT" -d pg_auto_failover \
             -c "ALTER SYSTEM SET pgautofailover.${setting%=*} = ${setting#*=}" >/dev/null
     done
