@@ -108,35 +108,13 @@ fn with_heartbeat(url: &str) -> String {
 /// A quorum queue with a small delivery limit, dead-lettering to a queue of its own:
 /// a message requeued for the cut would land in the dead-letter queue.
 async fn declare_queues(connection: &Connection, queue: &str) -> String {
-    let dead = format!("{queue}-dead");
-    let channel = connection.create_channel().await.unwrap();
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(dead.as_str().into(), durable, FieldTable::default())
-        .await
-        .unwrap();
     let mut arguments = FieldTable::default();
     arguments.insert(
         "x-queue-type".into(),
         AMQPValue::LongString("quorum".into()),
     );
     arguments.insert("x-delivery-limit".into(), AMQPValue::LongLongInt(2));
-    arguments.insert(
-        "x-dead-letter-exchange".into(),
-        AMQPValue::LongString("".into()),
-    );
-    arguments.insert(
-        "x-dead-letter-routing-key".into(),
-        AMQPValue::LongString(dead.as_str().into()),
-    );
-    channel
-        .queue_declare(queue.into(), durable, arguments)
-        .await
-        .unwrap();
-    dead
+    common::rabbit::declare_dead_lettered(connection, queue, arguments).await
 }
 
 async fn depth(connection: &Connection, queue: &str) -> u32 {

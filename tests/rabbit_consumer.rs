@@ -36,29 +36,8 @@ async fn coupon_db() -> TestDb {
 /// A queue dead-lettering to a queue of its own; returns (queue, dead-letter queue).
 async fn queues(connection: &Connection) -> (String, String) {
     let queue = unique_name("consumer");
-    let dead = format!("{queue}-dead");
-    let channel = connection.create_channel().await.unwrap();
-    let durable = QueueDeclareOptions {
-        durable: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(dead.as_str().into(), durable, FieldTable::default())
-        .await
-        .unwrap();
-    let mut arguments = FieldTable::default();
-    arguments.insert(
-        "x-dead-letter-exchange".into(),
-        AMQPValue::LongString("".into()),
-    );
-    arguments.insert(
-        "x-dead-letter-routing-key".into(),
-        AMQPValue::LongString(dead.as_str().into()),
-    );
-    channel
-        .queue_declare(queue.as_str().into(), durable, arguments)
-        .await
-        .unwrap();
+    let dead =
+        common::rabbit::declare_dead_lettered(connection, &queue, FieldTable::default()).await;
     (queue, dead)
 }
 

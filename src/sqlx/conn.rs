@@ -85,15 +85,7 @@ impl SqlxConn {
     /// Commits the transaction (bounded by the link's timeout); the connection goes back
     /// to the pool only if the `COMMIT` was answered.
     pub(super) async fn commit(&mut self) -> Result<(), ::sqlx::Error> {
-        let link = self.link.clone();
-        link.within(
-            Duration::ZERO,
-            PgTransactionManager::commit(self.connection_mut()),
-        )
-        .await?;
-        self.open = false;
-        self.conn = None;
-        Ok(())
+        self.end(true).await
     }
 
     /// Rolls the transaction back; the connection is closed instead when the rollback
@@ -105,12 +97,22 @@ impl SqlxConn {
                 "the database was just found unreachable",
             )));
         }
+        self.end(false).await
+    }
+
+    /// `COMMIT` or `ROLLBACK`, bounded by the link's timeout; only an answered one hands
+    /// the connection back (a failed one leaves it to be closed on drop).
+    async fn end(&mut self, commit: bool) -> Result<(), ::sqlx::Error> {
         let link = self.link.clone();
-        link.within(
-            Duration::ZERO,
-            PgTransactionManager::rollback(self.connection_mut()),
-        )
-        .await?;
+        let conn = self.connection_mut();
+        let ending = async move {
+            if commit {
+                PgTransactionManager::commit(conn).await
+            } else {
+                PgTransactionManager::rollback(conn).await
+            }
+        };
+        link.within(Duration::ZERO, ending).await?;
         self.open = false;
         self.conn = None;
         Ok(())

@@ -34,3 +34,35 @@ pub async fn declare_durable(connection: &Connection, name: &str) {
         .await
         .unwrap();
 }
+
+/// Declares the durable queue `queue` with `arguments`, dead-lettering to a durable queue
+/// of its own, `{queue}-dead`, whose name it returns.
+pub async fn declare_dead_lettered(
+    connection: &Connection,
+    queue: &str,
+    mut arguments: FieldTable,
+) -> String {
+    let dead = format!("{queue}-dead");
+    let channel = connection.create_channel().await.unwrap();
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(dead.as_str().into(), durable, FieldTable::default())
+        .await
+        .unwrap();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        lapin::types::AMQPValue::LongString("".into()),
+    );
+    arguments.insert(
+        "x-dead-letter-routing-key".into(),
+        lapin::types::AMQPValue::LongString(dead.as_str().into()),
+    );
+    channel
+        .queue_declare(queue.into(), durable, arguments)
+        .await
+        .unwrap();
+    dead
+}
