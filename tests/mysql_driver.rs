@@ -860,3 +860,225 @@ async fn the_relay_settles_and_admin_reads_every_table() {
     println!("{report:?}");
     db.drop_database().await;
 }
+
+/// A caller's future dropped while its `BEGIN` was in flight leaves its pooled connection
+/// inside a transaction sqlx does not count (it counts one only once `BEGIN`'s answer has
+/// arrived). The same state, made on purpose: `BEGIN` sent as a plain statement on a pooled
+/// connection of a one-connection pool, a write in it, the connection back in the pool. The
+/// layer's claim meets it (1568 when it sets the next transaction's isolation), closes it —
+/// the stray write rolled back with it — and serves the request on a new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_left_inside_a_transaction_costs_no_answer() {
+    let db = Db::migrated().await;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&format!("{}/{}", server_url(), db.name))
+        .await
+        .unwrap();
+    let stray_connection_id = {
+        let mut conn = pool.acquire().await.unwrap();
+        conn.execute("BEGIN").await.unwrap();
+        conn.execute("INSERT INTO orders (amount) VALUES (99)")
+            .await
+            .unwrap();
+        assert!(
+            !conn.is_in_transaction(),
+            "sqlx does not count a BEGIN sent as a statement"
+        );
+        sqlx::query_scalar::<_, u64>("SELECT CONNECTION_ID()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap()
+    };
+    let app = orders_app(&pool);
+    let (status, response) = send(&app, "dirty-1", r#"{"amount":5}"#).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{:?}",
+        String::from_utf8_lossy(response.body())
+    );
+    let (status, again) = send(&app, "dirty-1", r#"{"amount":5}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(replayed(&again));
+    let amounts: Vec<i64> = sqlx::query_scalar("SELECT amount FROM orders ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        amounts,
+        [5],
+        "the stray write was rolled back with its connection"
+    );
+    let now_id = sqlx::query_scalar::<_, u64>("SELECT CONNECTION_ID()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_ne!(
+        now_id, stray_connection_id,
+        "the dirty connection was closed"
+    );
+    // Again: every claim that meets such a connection discards it.
+    {
+        let mut conn = pool.acquire().await.unwrap();
+        conn.execute("BEGIN").await.unwrap();
+    }
+    let (status, _) = send(&app, "dirty-2", r#"{"amount":6}"#).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(db.orders().await, 2);
+    pool.close().await;
+    db.drop_database().await;
+}
+
+/// The commands one pooled connection sends, as a proxy between it and the server sees
+/// them: each client packet that starts a command (sequence id 0), named by its type, with
+/// the first words of a text query.
+struct CommandLog {
+    addr: std::net::SocketAddr,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl CommandLog {
+    async fn start(upstream: &str) -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let upstream = upstream.to_owned();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let shared = log.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+                let (mut client_read, mut client_write) = client.into_split();
+                let (mut server_read, mut server_write) = server.into_split();
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut server_read, &mut client_write).await;
+                });
+                let log = shared.clone();
+                tokio::spawn(async move {
+                    let mut pending = Vec::new();
+                    let mut buf = vec![0; 1 << 16];
+                    loop {
+                        let n = match client_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        pending.extend_from_slice(&buf[..n]);
+                        while pending.len() >= 4 {
+                            let len = usize::from(pending[0])
+                                | usize::from(pending[1]) << 8
+                                | usize::from(pending[2]) << 16;
+                            if pending.len() < 4 + len {
+                                break;
+                            }
+                            let packet: Vec<u8> = pending.drain(..4 + len).collect();
+                            if packet[3] == 0 && len > 0 {
+                                let name = match packet[4] {
+                                    0x03 => {
+                                        let text = String::from_utf8_lossy(&packet[5..]);
+                                        let words: Vec<&str> =
+                                            text.split_whitespace().take(4).collect();
+                                        format!("query: {} …", words.join(" "))
+                                    }
+                                    0x0e => "ping".to_owned(),
+                                    0x16 => "prepare".to_owned(),
+                                    0x17 => "execute (prepared)".to_owned(),
+                                    0x19 => "close statement".to_owned(),
+                                    0x01 => "quit".to_owned(),
+                                    other => format!("command {other:#04x}"),
+                                };
+                                log.lock().unwrap().push(name);
+                            }
+                        }
+                        if server_write.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        Self { addr, log }
+    }
+
+    /// The commands logged since the last call, once the connection has been quiet for
+    /// 200 ms (the pool's release check runs after the response).
+    async fn take(&self) -> Vec<String> {
+        let mut seen = usize::MAX;
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let now = self.log.lock().unwrap().len();
+            if now == seen {
+                return std::mem::take(&mut *self.log.lock().unwrap());
+            }
+            seen = now;
+        }
+    }
+}
+
+/// Round trips per path, counted on the wire (a one-connection pool behind a proxy that
+/// logs each command) and printed. A command that expects an answer is a round trip;
+/// `ping` is the pool's own check on checkout and release; a text query of several
+/// statements is one round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_per_path_counted_on_the_wire() {
+    let db = Db::migrated().await;
+    let server: sqlx::mysql::MySqlConnectOptions = server_url().parse().unwrap();
+    let proxy = CommandLog::start(&format!("{}:{}", server.get_host(), server.get_port())).await;
+    let options = server
+        .host("127.0.0.1")
+        .port(proxy.addr.port())
+        .database(&db.name)
+        .ssl_mode(sqlx::mysql::MySqlSslMode::Disabled);
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let app = orders_app(&pool);
+    // Warm up: the connection prepares its statements once.
+    assert_eq!(
+        send(&app, "warm", r#"{"amount":1}"#).await.0,
+        StatusCode::CREATED
+    );
+    proxy.take().await;
+    let mut report = Vec::new();
+    let mut path = async |name: &str, key: &str| {
+        let (status, _) = send(&app, key, r#"{"amount":1}"#).await;
+        let commands = proxy.take().await;
+        let answered: Vec<&String> = commands
+            .iter()
+            .filter(|c| c.as_str() != "ping" && c.as_str() != "close statement")
+            .collect();
+        println!(
+            "{name} ({status}): {} round trips besides the pool's pings",
+            answered.len()
+        );
+        for command in &commands {
+            println!("    {command}");
+        }
+        report.push((name.to_owned(), answered.len(), commands));
+        status
+    };
+    assert_eq!(path("new key", "rt-new").await, StatusCode::CREATED);
+    assert_eq!(path("replay", "rt-new").await, StatusCode::CREATED);
+    let (_, new_trips, new_commands) = &report[0];
+    // The look-up, the claim, the handler's insert, the completion — and the no-op
+    // `ROLLBACK` sqlx queues when its count of the transaction is reset, sent with the
+    // pool's release check.
+    let request_path = new_commands
+        .iter()
+        .filter(|c| c.as_str() != "ping" && c.as_str() != "query: ROLLBACK …")
+        .count();
+    assert!(
+        request_path <= 4,
+        "a new key takes at most 4 round trips before its answer: {new_commands:#?}"
+    );
+    assert!(*new_trips <= 5, "{new_commands:#?}");
+    assert_eq!(
+        report[1].1, 1,
+        "a replay is its look-up: {:#?}",
+        report[1].2
+    );
+    pool.close().await;
+    db.drop_database().await;
+}

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use futures_util::FutureExt;
+
 use ::sqlx::mysql::{MySql, MySqlArguments, MySqlDatabaseError, MySqlRow};
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::query::Query;
@@ -36,15 +38,6 @@ impl MySqlConn {
         }
     }
 
-    /// A connection that holds nothing: the answer needed no transaction.
-    pub(super) fn ended(persistent: bool) -> Self {
-        Self {
-            conn: None,
-            dirty: false,
-            persistent,
-        }
-    }
-
     pub(crate) fn connection(&self) -> &MySqlConnection {
         self.conn.as_deref().expect("MySqlConn used after it ended")
     }
@@ -60,10 +53,10 @@ impl MySqlConn {
         self.persistent
     }
 
-    /// Runs `begin` (session settings ending in `START TRANSACTION`) through sqlx's
-    /// transaction manager, so sqlx counts the transaction: a handler's nested
-    /// `Connection::begin` then takes a SAVEPOINT instead of sending `BEGIN`, which in
-    /// MySQL would commit the request's transaction.
+    /// Runs `begin` (session settings ending in `START TRANSACTION`, and what a claim sends
+    /// with it) through sqlx's transaction manager, so sqlx counts the transaction: a
+    /// handler's nested `Connection::begin` then takes a SAVEPOINT instead of sending
+    /// `BEGIN`, which in MySQL would commit the request's transaction.
     pub(super) async fn begin(&mut self, begin: String) -> Result<(), ::sqlx::Error> {
         self.dirty = true;
         let tx = Transaction::<MySql>::begin(
@@ -77,10 +70,14 @@ impl MySqlConn {
         Ok(())
     }
 
-    /// Marks the session changed (a statement-level lock wait timeout) outside a
-    /// transaction.
-    pub(super) fn touch(&mut self) {
+    /// Runs `begin` as it is: for the crate's own short transactions, whose connection no
+    /// handler sees, so sqlx need not count them (and `finish` need not uncount them).
+    pub(super) async fn begin_internal(&mut self, begin: &str) -> Result<(), ::sqlx::Error> {
         self.dirty = true;
+        self.connection_mut()
+            .execute(AssertSqlSafe(begin.to_owned()))
+            .await?;
+        Ok(())
     }
 
     /// Ends the transaction (`COMMIT` or `ROLLBACK`) and restores the session in the same
@@ -92,27 +89,35 @@ impl MySqlConn {
         } else {
             sql::ROLLBACK_AND_RESTORE
         };
+        self.connection_mut().execute(end).await?;
+        self.settle();
+        Ok(())
+    }
+
+    /// The transaction has ended on the server and the session is restored (by `finish`,
+    /// or by a completion's own text query): the connection may go back to the pool once
+    /// sqlx's count of the transaction, if it counts one, is back to zero.
+    pub(super) fn settle(&mut self) {
         let conn = self.connection_mut();
-        conn.execute(end).await?;
         if conn.is_in_transaction() {
-            // The transaction has ended on the server; sqlx's count of it goes back to
-            // zero the one way its public API offers: a custom `BEGIN` inside a counted
-            // transaction is refused at once, and the refused `Transaction`, dropped, counts
-            // one transaction ended and queues a `ROLLBACK` — a no-op now, sent before the
-            // connection's next statement (the pool's release check).
-            let refused = Transaction::<MySql>::begin(
-                &mut *conn,
-                Some(AssertSqlSafe("BEGIN").into_sql_str()),
-            )
-            .await;
-            let began = refused.map(std::mem::forget).is_ok();
-            if began || conn.is_in_transaction() {
+            // sqlx's count goes back to zero the one way its public API offers: a custom
+            // `BEGIN` inside a counted transaction is refused at once, without a round
+            // trip, and the refused `Transaction`, dropped, counts one transaction ended
+            // and queues a `ROLLBACK` — a no-op now, sent with the pool's release check.
+            let refused = matches!(
+                Transaction::<MySql>::begin(
+                    &mut *conn,
+                    Some(AssertSqlSafe("BEGIN").into_sql_str()),
+                )
+                .now_or_never(),
+                Some(Err(::sqlx::Error::InvalidSavePointStatement))
+            );
+            if !refused || conn.is_in_transaction() {
                 // Not what sqlx 0.9 does: keep the connection out of the pool.
-                return Ok(());
+                return;
             }
         }
         self.dirty = false;
-        Ok(())
     }
 
     /// Rolls back and restores the session, or, if that fails, leaves the connection to be
@@ -167,6 +172,11 @@ pub(super) const DUPLICATE_KEY: u16 = 1062;
 pub(super) const NO_SUCH_TABLE: u16 = 1146;
 /// `SAVEPOINT ... does not exist`: the transaction that took it is gone.
 pub(super) const NO_SUCH_SAVEPOINT: u16 = 1305;
+/// "Transaction characteristics can't be changed while a transaction is in progress".
+pub(super) const TRANSACTION_IN_PROGRESS: u16 = 1568;
+/// A variable set to a value it cannot take: the completion's guard refusing to commit
+/// when the record's `UPDATE` changed no row.
+pub(super) const WRONG_VALUE_FOR_VAR: u16 = 1231;
 
 /// A lock not granted: `NOWAIT` refused (MariaDB 1205, MySQL 3572) or the lock wait
 /// timeout passed (1205).
@@ -223,13 +233,53 @@ impl MySqlStore {
         Ok(MySqlConn::new(self.pool.acquire().await?, self.persistent))
     }
 
+    /// A pooled connection on which `begin` succeeded, [`counted`](MySqlConn::begin) by
+    /// sqlx or [not](MySqlConn::begin_internal). A connection that comes out of the pool
+    /// inside a transaction — a caller's future dropped while its `BEGIN` was in flight
+    /// leaves one there, as sqlx counts a transaction only once `BEGIN`'s answer arrived —
+    /// refuses the first statement that sets the next transaction's isolation (1568); it is
+    /// closed, which rolls that transaction back, and another is taken.
+    pub(super) async fn acquire_begun(
+        &self,
+        begin: &str,
+        counted: bool,
+    ) -> Result<MySqlConn, Error> {
+        let mut closed = 0;
+        loop {
+            let mut conn = self.acquire().await?;
+            let begun = if counted {
+                conn.begin(begin.to_owned()).await
+            } else {
+                conn.begin_internal(begin).await
+            };
+            match begun {
+                Ok(()) => return Ok(conn),
+                Err(e) if self.discard_dirty(&e, &mut closed) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Whether `error` says the connection came out of the pool inside a transaction
+    /// (1568), and another may be taken: at most as many as the pool holds, plus one.
+    /// The connection, marked changed, is closed when dropped.
+    pub(super) fn discard_dirty(&self, error: &::sqlx::Error, closed: &mut u32) -> bool {
+        if error_number(error) != Some(TRANSACTION_IN_PROGRESS) || *closed > self.pool.size() {
+            return false;
+        }
+        *closed += 1;
+        tracing::warn!(
+            "a pooled MySQL connection was inside a transaction nobody ended (a dropped \
+             caller's BEGIN); it is closed, which rolls that transaction back"
+        );
+        true
+    }
+
     /// A connection inside a READ COMMITTED transaction whose row-lock waits are bounded
     /// by `lock_wait` whole seconds, for the crate's own short transactions.
     pub(super) async fn begin_internal(&self, lock_wait: u64) -> Result<MySqlConn, Error> {
-        let mut conn = self.acquire().await?;
-        conn.begin(sql::begin(false, Some(lock_wait), false))
-            .await?;
-        Ok(conn)
+        self.acquire_begun(&sql::begin(Some(lock_wait), false), false)
+            .await
     }
 
     /// `query` run on its own (autocommit, READ COMMITTED) with its lock waits bounded to
@@ -238,11 +288,7 @@ impl MySqlStore {
         &self,
         query: Query<'static, MySql, MySqlArguments>,
     ) -> Result<u64, Error> {
-        let mut conn = self.acquire().await?;
-        conn.touch();
-        conn.connection_mut()
-            .execute(sql::BOUND_NEXT_STATEMENT)
-            .await?;
+        let mut conn = self.acquire_begun(sql::BOUND_NEXT_STATEMENT, false).await?;
         let done = query.execute(conn.connection_mut()).await?;
         conn.finish(false).await?;
         Ok(done.rows_affected())

@@ -31,9 +31,8 @@ impl InboxStore for MySqlStore {
         message_id: &str,
         wait: Duration,
     ) -> Result<InboxClaim<MySqlConn>, Error> {
-        let mut conn = self.acquire().await?;
-        conn.begin(sql::begin(true, Some(lock_wait_seconds(Some(wait))), false))
-            .await?;
+        let begin = sql::begin(Some(lock_wait_seconds(Some(wait))), false);
+        let mut conn = self.acquire_begun(&begin, true).await?;
         let locked = self
             .query(sql::INBOX_LOCK)
             .bind(group)

@@ -105,6 +105,7 @@
 //! end the transaction yourself through `&mut *tx` (nested `sqlx::Connection::begin`
 //! savepoints are fine).
 
+mod batch;
 mod conn;
 mod inbox;
 mod lease;

@@ -25,25 +25,21 @@ macro_rules! epoch {
 }
 
 /// The start of every transaction of the crate: the connection's lock wait timeout saved
-/// and, with `lock_wait`, bounded to that many whole seconds; READ COMMITTED for the next
-/// transaction only; then `START TRANSACTION`. `autocommit_off`: the session's
-/// `autocommit` is 0 until the crate restores it, so a statement a handler sends after the
-/// server rolled its transaction back (a deadlock) opens a new transaction the crate rolls
-/// back, instead of committing on its own. `savepoint`: a plain transaction's savepoint,
-/// whose absence at commit shows the transaction was lost.
-pub(super) fn begin(autocommit_off: bool, lock_wait: Option<u64>, savepoint: bool) -> String {
-    let mut session = Vec::new();
+/// and, with `lock_wait`, bounded to that many whole seconds; `autocommit = 0` until the
+/// crate restores it, so a statement a handler sends after the server rolled its
+/// transaction back (a deadlock) opens a new transaction the crate rolls back, instead of
+/// committing on its own; READ COMMITTED for the next transaction only; then `START
+/// TRANSACTION`. `savepoint`: a plain transaction's savepoint, whose absence at commit
+/// shows the transaction was lost.
+pub(super) fn begin(lock_wait: Option<u64>, savepoint: bool) -> String {
+    let mut begin = concat!("SET ", saved!(), " = @@SESSION.innodb_lock_wait_timeout").to_owned();
     if let Some(seconds) = lock_wait {
-        session.push(format!("SESSION innodb_lock_wait_timeout = {seconds}"));
+        begin.push_str(&format!(", SESSION innodb_lock_wait_timeout = {seconds}"));
     }
-    if autocommit_off {
-        session.push("SESSION autocommit = 0".to_owned());
-    }
-    let mut begin = concat!("SET ", saved!(), " = @@SESSION.innodb_lock_wait_timeout; ").to_owned();
-    if !session.is_empty() {
-        begin.push_str(&format!("SET {}; ", session.join(", ")));
-    }
-    begin.push_str("SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION");
+    begin.push_str(
+        ", SESSION autocommit = 0; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+         START TRANSACTION",
+    );
     if savepoint {
         begin.push_str("; SAVEPOINT axum_idempotency_work");
     }
@@ -59,22 +55,39 @@ pub(super) const BOUND_NEXT_STATEMENT: &str = concat!(
      SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 );
 
-/// Commits and restores the session the crate changed.
-pub(super) const COMMIT_AND_RESTORE: &str = concat!(
-    "COMMIT; SET SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = COALESCE(",
-    saved!(),
-    ", @@SESSION.innodb_lock_wait_timeout); SET ",
-    saved!(),
-    " = NULL"
+/// The session's lock wait timeout as the crate found it, and the saved copy cleared.
+macro_rules! restore_lock_wait {
+    () => {
+        concat!(
+            "SESSION innodb_lock_wait_timeout = COALESCE(",
+            saved!(),
+            ", @@SESSION.innodb_lock_wait_timeout), ",
+            saved!(),
+            " = NULL"
+        )
+    };
+}
+
+/// Commits and restores the session the crate changed, in one statement: turning
+/// `autocommit` back on commits the open transaction, and its failure (a deadlock, or a
+/// Galera certification failure) is that statement's error. The commit is the last thing
+/// the query does, so no later statement can stand between the failure and its answer.
+pub(super) const COMMIT_AND_RESTORE: &str =
+    concat!("SET ", restore_lock_wait!(), ", SESSION autocommit = 1");
+
+/// The same, committing only when the statement before it changed exactly one row (the
+/// record): otherwise setting `autocommit` to 2 fails (1231), and nothing is committed.
+pub(super) const COMMIT_ONE_ROW_AND_RESTORE: &str = concat!(
+    "SET ",
+    restore_lock_wait!(),
+    ", SESSION autocommit = IF(ROW_COUNT() = 1, 1, 2)"
 );
 
 /// Rolls back and restores the session the crate changed.
 pub(super) const ROLLBACK_AND_RESTORE: &str = concat!(
-    "ROLLBACK; SET SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = COALESCE(",
-    saved!(),
-    ", @@SESSION.innodb_lock_wait_timeout); SET ",
-    saved!(),
-    " = NULL"
+    "ROLLBACK; SET ",
+    restore_lock_wait!(),
+    ", SESSION autocommit = 1"
 );
 
 /// Taken right after the key's (or message's) row lock; a stored 4xx and a failed inbox
@@ -85,6 +98,7 @@ pub(super) const WORK_SAVEPOINT: &str = concat!(
     saved!(),
     ", @@SESSION.innodb_lock_wait_timeout)"
 );
+
 /// Fails (1305) when the transaction that took the savepoint is gone: the check, before
 /// the record, that the handler's transaction is still the one the claim began.
 pub(super) const RELEASE_WORK: &str = "RELEASE SAVEPOINT axum_idempotency_work";
@@ -104,25 +118,6 @@ macro_rules! record_columns {
 
 /// A record's claim columns, outside any transaction. `?` id.
 pub(super) const LOOKUP: &str = record_columns!();
-/// The key's row lock, refused at once if another transaction holds it (a twin's
-/// placeholder): the locking read sees the latest committed row, not a snapshot. `?` id.
-pub(super) const LOCK_NOWAIT: &str = concat!(record_columns!(), " FOR UPDATE NOWAIT");
-/// The key's row lock, waited for up to the session's `innodb_lock_wait_timeout`. `?` id.
-pub(super) const LOCK_WAIT: &str = concat!(record_columns!(), " FOR UPDATE");
-/// Removes the replaceable record the claim found, under its lock. `?` id.
-pub(super) const DELETE_REPLACEABLE: &str = "DELETE FROM idempotency_records WHERE id = ? \
-    AND (expires_at <= UTC_TIMESTAMP(6) \
-         OR (state = 'PROCESSING' AND (locked_until IS NULL OR locked_until <= UTC_TIMESTAMP(6))) \
-         OR (state = 'FAILED' AND retryable))";
-/// The key's placeholder, inserted at the start of the request's transaction: InnoDB holds
-/// it locked until the transaction ends, so a twin's locking read waits for it (or, with
-/// `NOWAIT`, is refused). Never committed as it is: the completion turns it into the
-/// record. Already expired and without a lease, should anything ever commit it. `?` id, `?`
-/// fingerprint.
-pub(super) const INSERT_PLACEHOLDER: &str = "INSERT INTO idempotency_records \
-    (id, scope, fingerprint, status, headers, body, state, created_at, updated_at, expires_at) \
-    VALUES (?, '', ?, 0, '', '', 'PROCESSING', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
-            UTC_TIMESTAMP(6))";
 /// The placeholder becomes the record. 0 rows: the placeholder is gone, and with it the
 /// transaction. `?` scope, raw key, fingerprint, status, headers, body, body key id, ttl
 /// microseconds, id.

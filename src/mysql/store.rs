@@ -6,15 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::mysql::MySqlRow;
-use ::sqlx::{Executor, MySqlConnection, Row};
+use ::sqlx::{AssertSqlSafe, Executor, MySqlConnection, Row};
 
 use super::MySqlStore;
 use super::conn::{
-    DUPLICATE_KEY, MySqlConn, NO_SUCH_TABLE, error_number, lock_refused, lock_wait_seconds, micros,
-    savepoint_error, statement, transaction_lost,
+    DUPLICATE_KEY, MySqlConn, NO_SUCH_SAVEPOINT, NO_SUCH_TABLE, WRONG_VALUE_FOR_VAR, error_number,
+    lock_refused, lock_wait_seconds, micros, savepoint_error, statement, transaction_lost,
 };
-use super::sql;
 use super::tx::MySqlTx;
+use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
@@ -24,6 +24,38 @@ use crate::store::rows::impl_row;
 use crate::store::{Store, rows};
 
 impl_row!(MySqlRow, ::sqlx::Error);
+
+/// The completion of a record too large to inline: the savepoint check, the bound
+/// `UPDATE`, and the commit that [`sql::COMMIT_ONE_ROW_AND_RESTORE`] refuses unless that
+/// `UPDATE` changed one row — three round trips.
+async fn complete_bound(
+    conn: &mut MySqlConn,
+    record: &NewRecord<'_>,
+    discard: bool,
+) -> Result<(), ::sqlx::Error> {
+    let check = if discard {
+        sql::ROLLBACK_WORK
+    } else {
+        sql::RELEASE_WORK
+    };
+    conn.connection_mut().execute(check).await?;
+    statement(sql::COMPLETE, conn.persistent)
+        .bind(record.scope)
+        .bind(record.raw_key)
+        .bind(&record.fingerprint.0[..])
+        .bind(record.status.as_u16() as i16)
+        .bind(&record.headers[..])
+        .bind(&*record.body.bytes)
+        .bind(record.body.key_id)
+        .bind(micros(record.ttl))
+        .bind(&record.id.as_bytes()[..])
+        .execute(conn.connection_mut())
+        .await?;
+    conn.connection_mut()
+        .execute(sql::COMMIT_ONE_ROW_AND_RESTORE)
+        .await?;
+    Ok(())
+}
 
 impl Store for MySqlStore {
     type Conn = MySqlConn;
@@ -51,137 +83,108 @@ impl Store for MySqlStore {
         }
     }
 
-    /// The lookup outside any transaction; then `BEGIN` (READ COMMITTED, `autocommit = 0`,
-    /// the lock wait bounded), the locking read, the placeholder, and the savepoint with the
-    /// lock wait timeout restored.
+    /// The look-up outside any transaction; for a new key, then, one text query that
+    /// begins the transaction, takes the key's row lock, inserts the placeholder and takes
+    /// the savepoint ([`batch::claim`]).
     async fn claim(
         &self,
         id: RecordId,
         fingerprint: Fingerprint,
         wait: Option<Duration>,
     ) -> Result<(Claim, MySqlConn), Error> {
-        let mut conn = self.acquire().await?;
-        let peeked = self
-            .query(sql::LOOKUP)
-            .bind(&id.as_bytes()[..])
-            .fetch_optional(conn.connection_mut())
-            .await?;
-        let peeked = peeked.map(|row| rows::record_row(&row, 9)).transpose()?;
-        if let Some(claim) = Claim::from_peek(peeked) {
-            // Outside any transaction: the connection goes back to the pool as it is.
-            return Ok((claim, conn));
-        }
-        conn.begin(sql::begin(true, Some(lock_wait_seconds(wait)), false))
-            .await?;
-        let lock = if wait.is_some() {
-            sql::LOCK_WAIT
-        } else {
-            sql::LOCK_NOWAIT
-        };
-        let locked = self
-            .query(lock)
-            .bind(&id.as_bytes()[..])
-            .fetch_optional(conn.connection_mut())
-            .await;
-        let found = match locked {
-            Err(e) if lock_refused(&e) => {
-                conn.reset().await;
-                return Ok((Claim::InFlight, conn));
-            }
-            locked => locked?.map(|row| rows::record_row(&row, 9)).transpose()?,
-        };
-        let replaces = match Claim::decide(true, found, fingerprint) {
-            Claim::Run { replaces } => replaces,
-            // Under the lock: the layer rolls back before answering.
-            other => return Ok((other, conn)),
-        };
-        if replaces {
-            self.query(sql::DELETE_REPLACEABLE)
-                .bind(&id.as_bytes()[..])
-                .execute(conn.connection_mut())
+        let key = &id.as_bytes()[..];
+        let mut closed = 0;
+        let mut conn = loop {
+            let mut conn = self.acquire().await?;
+            let peeked = self
+                .query(sql::LOOKUP)
+                .bind(key)
+                .fetch_optional(conn.connection_mut())
                 .await?;
-        }
-        let inserted = self
-            .query(sql::INSERT_PLACEHOLDER)
-            .bind(&id.as_bytes()[..])
-            .bind(&fingerprint.0[..])
-            .execute(conn.connection_mut())
-            .await;
-        match inserted {
-            Ok(_) => {}
-            Err(e) if lock_refused(&e) => {
-                // A twin inserted its placeholder after the locking read, and still holds it.
-                conn.reset().await;
-                return Ok((Claim::InFlight, conn));
+            let peeked = peeked.map(|row| rows::record_row(&row, 9)).transpose()?;
+            if let Some(claim) = Claim::from_peek(peeked) {
+                // Outside any transaction: the connection goes back to the pool as it is.
+                return Ok((claim, conn));
             }
-            Err(e) if error_number(&e) == Some(DUPLICATE_KEY) => {
-                // A twin committed its record after the locking read: answer from it.
-                conn.reset().await;
-                let found = self.lookup(id).await?;
-                let claim = Claim::from_peek(found).unwrap_or(Claim::InFlight);
-                return Ok((claim, MySqlConn::ended(self.persistent)));
+            let claim = batch::claim(key, &fingerprint.0, lock_wait_seconds(wait), wait.is_some());
+            match conn.begin(claim).await {
+                Ok(()) => return Ok((Claim::Run { replaces: false }, conn)),
+                Err(e) if lock_refused(&e) => {
+                    // A twin holds the key (its placeholder, uncommitted).
+                    conn.reset().await;
+                    return Ok((Claim::InFlight, conn));
+                }
+                // The key has a record the look-up did not see: it committed since, or it
+                // is one the claim may replace. The transaction holds its lock.
+                Err(e) if error_number(&e) == Some(DUPLICATE_KEY) => break conn,
+                // The pooled connection was inside a stray transaction: closed (with the
+                // look-up it answered), and the claim starts again on another.
+                Err(e) if self.discard_dirty(&e, &mut closed) => {}
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
+        };
+        let found = self
+            .query(sql::LOOKUP)
+            .bind(key)
+            .fetch_optional(conn.connection_mut())
+            .await?;
+        let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
+        match Claim::decide(true, found, fingerprint) {
+            Claim::Run { replaces } => {
+                conn.begin(batch::replace(key, &fingerprint.0)).await?;
+                Ok((Claim::Run { replaces }, conn))
+            }
+            // Under the lock: the layer rolls back before answering.
+            other => Ok((other, conn)),
         }
-        conn.connection_mut().execute(sql::WORK_SAVEPOINT).await?;
-        Ok((Claim::Run { replaces }, conn))
     }
 
-    /// The savepoint check (`RELEASE SAVEPOINT`, or for a stored 4xx the rollback to it),
-    /// the placeholder's `UPDATE` into the record, and `COMMIT` with the session restored.
+    /// One text query ([`batch::complete`]): the savepoint check (`RELEASE SAVEPOINT`, or
+    /// for a stored 4xx the rollback to it), the placeholder's `UPDATE` into the record,
+    /// and the commit with the session restored.
     async fn commit(
         conn: &mut MySqlConn,
         record: &NewRecord<'_>,
         completion: Completion,
     ) -> Result<(), CommitError> {
-        let failed = |e: Error| CommitError::Failed(e);
-        let persistent = conn.persistent;
-        let check = if completion.discard_handler_writes.is_some() {
-            // Discard the handler's writes; the placeholder and its lock stay.
-            sql::ROLLBACK_WORK
-        } else {
-            sql::RELEASE_WORK
+        let discard = completion.discard_handler_writes.is_some();
+        let done = match batch::complete(record, discard) {
+            Some(query) => conn
+                .connection_mut()
+                .execute(AssertSqlSafe(query))
+                .await
+                .map(drop),
+            None => complete_bound(conn, record, discard).await,
         };
-        if let Err(e) = conn.connection_mut().execute(check).await {
-            conn.reset().await;
-            return Err(failed(savepoint_error(e)));
-        }
-        let done = statement(sql::COMPLETE, persistent)
-            .bind(record.scope)
-            .bind(record.raw_key)
-            .bind(&record.fingerprint.0[..])
-            .bind(record.status.as_u16() as i16)
-            .bind(&record.headers[..])
-            .bind(&*record.body.bytes)
-            .bind(record.body.key_id)
-            .bind(micros(record.ttl))
-            .bind(&record.id.as_bytes()[..])
-            .execute(conn.connection_mut())
-            .await;
-        let done = match done {
-            Ok(done) => done,
+        match done {
+            Ok(()) => {
+                conn.settle();
+                Ok(())
+            }
             Err(e) => {
                 conn.reset().await;
-                return Err(failed(e.into()));
+                let lost = matches!(
+                    error_number(&e),
+                    Some(NO_SUCH_SAVEPOINT | WRONG_VALUE_FOR_VAR)
+                );
+                // The savepoint gone, or the placeholder with it (the `UPDATE` changed no
+                // row): the server rolled the transaction back under the handler, and what
+                // the handler sent since is in a transaction of its own, rolled back here.
+                Err(CommitError::Failed(if lost {
+                    transaction_lost()
+                } else {
+                    Error::Sqlx(e)
+                }))
             }
-        };
-        if done.rows_affected() != 1 {
-            // The placeholder went with the transaction: what the handler sent since is in
-            // a transaction of its own, rolled back here.
-            conn.reset().await;
-            return Err(failed(transaction_lost()));
         }
-        conn.finish(true).await.map_err(|e| failed(e.into()))
     }
 
     /// `BEGIN` (READ COMMITTED, `autocommit = 0`) and a savepoint, in one round trip.
     async fn begin(&self) -> Result<MySqlConn, Error> {
-        let mut conn = self.acquire().await?;
-        conn.begin(sql::begin(true, None, true)).await?;
-        Ok(conn)
+        self.acquire_begun(&sql::begin(None, true), true).await
     }
 
-    /// The savepoint check, then `COMMIT`: a transaction the server rolled back is not
+    /// The savepoint check, then the commit: a transaction the server rolled back is not
     /// reported committed.
     async fn commit_plain(conn: &mut MySqlConn) -> Result<(), Error> {
         if let Err(e) = conn.connection_mut().execute(sql::RELEASE_WORK).await {
