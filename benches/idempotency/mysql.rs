@@ -1,8 +1,8 @@
 //! MySQL/MariaDB (feature `mysql`, `MYSQL_URL`): the driver's server — `mysql-bare`,
 //! `mysql-new`, `mysql-replay` on an `sqlx::MySqlPool` of 32, in a database of the bench's
-//! own — and its ceiling: the statements the driver sends for each path (the texts of
-//! `src/mysql/sql.rs`, prepared or not as the driver sends them, one round trip each, as
-//! sqlx sends them), from `concurrency` connections of their own, with no HTTP and no
+//! own — and its ceiling: the commands the driver sends for each path (the texts of
+//! `src/mysql/sql.rs` and `src/mysql/batch.rs`, prepared or not as the driver sends them,
+//! one round trip each), from `concurrency` connections of their own, with no HTTP and no
 //! layer.
 
 use std::net::SocketAddr;
@@ -35,41 +35,56 @@ const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= U
     / 1000000) AS SIGNED), \
     CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 AS DOUBLE), \
     body_key_id FROM idempotency_records WHERE id = ?";
-/// `sql::begin(true, Some(1), false)`: the claim's `BEGIN` (the layer's default: no
-/// `wait_for_in_flight`, so a lock wait of 1 s), one text query of four statements.
-const BEGIN_CLAIM: &str = "SET @axum_idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout; \
-    SET SESSION innodb_lock_wait_timeout = 1, SESSION autocommit = 0; \
-    SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
-/// `sql::LOCK_NOWAIT`.
-const LOCK_NOWAIT: &str = "SELECT status, headers, body, fingerprint, expires_at <= UTC_TIMESTAMP(6), state, \
-    retryable, CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) \
-    / 1000000) AS SIGNED), \
-    CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 AS DOUBLE), \
-    body_key_id FROM idempotency_records WHERE id = ? FOR UPDATE NOWAIT";
-/// `sql::INSERT_PLACEHOLDER`.
-const INSERT_PLACEHOLDER: &str = "INSERT INTO idempotency_records \
-    (id, scope, fingerprint, status, headers, body, state, created_at, updated_at, expires_at) \
-    VALUES (?, '', ?, 0, '', '', 'PROCESSING', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
-            UTC_TIMESTAMP(6))";
-/// `sql::WORK_SAVEPOINT` (text).
-const WORK_SAVEPOINT: &str = "SAVEPOINT axum_idempotency_work; SET SESSION innodb_lock_wait_timeout = \
-    COALESCE(@axum_idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout)";
-/// `sql::RELEASE_WORK` (text).
-const RELEASE_WORK: &str = "RELEASE SAVEPOINT axum_idempotency_work";
-/// `sql::COMPLETE`.
-const COMPLETE: &str = "UPDATE idempotency_records SET \
-    scope = ?, idempotency_key = ?, fingerprint = ?, status = ?, headers = ?, body = ?, \
-    body_key_id = ?, state = 'SUCCESS', retryable = FALSE, locked_until = NULL, \
-    created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), \
-    expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-    WHERE id = ? AND state = 'PROCESSING' AND locked_until IS NULL";
-/// `sql::COMMIT_AND_RESTORE` (text).
-const COMMIT_AND_RESTORE: &str = "COMMIT; SET SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = \
-    COALESCE(@axum_idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout); \
-    SET @axum_idempotency_lock_wait = NULL";
+/// `batch::claim` (the layer's default: no `wait_for_in_flight`, so a lock wait of 1 s):
+/// one text query — the session settings, `START TRANSACTION`, the key's row lock, the
+/// placeholder, the savepoint and the lock wait restored.
+fn claim(id: &[u8]) -> String {
+    format!(
+        "SET @axum_idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+         SESSION innodb_lock_wait_timeout = 1, SESSION autocommit = 0; \
+         SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+         SELECT 1 FROM idempotency_records WHERE id = {id} FOR UPDATE NOWAIT; \
+         INSERT INTO idempotency_records \
+         (id, scope, fingerprint, status, headers, body, state, created_at, updated_at, \
+          expires_at) VALUES ({id}, '', {fingerprint}, 0, '', '', 'PROCESSING', \
+         UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)); \
+         SAVEPOINT axum_idempotency_work; SET SESSION innodb_lock_wait_timeout = \
+         COALESCE(@axum_idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout)",
+        id = hex(id),
+        fingerprint = hex(FINGERPRINT),
+    )
+}
+
+/// `batch::complete`: one text query — the savepoint check, the placeholder turned into
+/// the record, and the commit (`autocommit` back on) with the session restored.
+fn complete(id: &[u8]) -> String {
+    format!(
+        "RELEASE SAVEPOINT axum_idempotency_work; UPDATE idempotency_records SET \
+         scope = _utf8mb4 X'', idempotency_key = NULL, fingerprint = {fingerprint}, \
+         status = 201, headers = {headers}, body = {body}, body_key_id = NULL, \
+         state = 'SUCCESS', retryable = FALSE, locked_until = NULL, \
+         created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), \
+         expires_at = UTC_TIMESTAMP(6) + INTERVAL 86400000000 MICROSECOND \
+         WHERE id = {id} AND state = 'PROCESSING' AND locked_until IS NULL; \
+         SET SESSION innodb_lock_wait_timeout = COALESCE(@axum_idempotency_lock_wait, \
+         @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL, \
+         SESSION autocommit = IF(ROW_COUNT() = 1, 1, 2)",
+        id = hex(id),
+        fingerprint = hex(FINGERPRINT),
+        headers = hex(HEADERS),
+        body = hex(BODY),
+    )
+}
+
+/// `X'…'`.
+fn hex(bytes: &[u8]) -> String {
+    let digits: String = bytes.iter().map(|b| format!("{b:02X}")).collect();
+    format!("X'{digits}'")
+}
+
 /// The `ROLLBACK` sqlx queues when the driver resets its count of the transaction after
-/// `COMMIT_AND_RESTORE` (`src/mysql/conn.rs`, `MySqlConn::finish`): a no-op on the server,
-/// sent when the connection goes back to the pool, before the pool's release ping.
+/// the completion (`src/mysql/conn.rs`, `MySqlConn::settle`): a no-op on the server, sent
+/// when the connection goes back to the pool, before the pool's release ping.
 const QUEUED_ROLLBACK: &str = "ROLLBACK";
 
 /// The baseline: the handler's own transaction (`BEGIN`, the insert, `COMMIT`), no layer.
@@ -255,41 +270,14 @@ async fn one(conn: &mut MySqlConnection, variant: Variant, replay: Option<&Vec<u
                 .await
                 .unwrap();
             assert!(found.is_none());
-            conn.execute(BEGIN_CLAIM).await.unwrap();
-            sqlx::query(LOCK_NOWAIT)
-                .bind(&id[..])
-                .fetch_optional(&mut *conn)
-                .await
-                .unwrap();
-            sqlx::query(INSERT_PLACEHOLDER)
-                .bind(&id[..])
-                .bind(FINGERPRINT)
-                .execute(&mut *conn)
-                .await
-                .unwrap();
-            conn.execute(WORK_SAVEPOINT).await.unwrap();
+            conn.execute(AssertSqlSafe(claim(&id))).await.unwrap();
             sqlx::query(INSERT_ORDER)
                 .bind(user)
                 .bind(amount)
                 .execute(&mut *conn)
                 .await
                 .unwrap();
-            conn.execute(RELEASE_WORK).await.unwrap();
-            let done = sqlx::query(COMPLETE)
-                .bind("")
-                .bind(None::<&str>)
-                .bind(FINGERPRINT)
-                .bind(201_i16)
-                .bind(HEADERS)
-                .bind(BODY)
-                .bind(None::<i16>)
-                .bind(86_400_000_000_i64)
-                .bind(&id[..])
-                .execute(&mut *conn)
-                .await
-                .unwrap();
-            assert_eq!(done.rows_affected(), 1);
-            conn.execute(COMMIT_AND_RESTORE).await.unwrap();
+            conn.execute(AssertSqlSafe(complete(&id))).await.unwrap();
             conn.execute(QUEUED_ROLLBACK).await.unwrap();
         }
         Variant::MySqlReplay => {

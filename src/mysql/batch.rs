@@ -1,18 +1,51 @@
 //! The driver's text queries of several statements, one round trip each: the claim that
-//! begins the request's transaction and holds its key, and the completion that writes the
-//! record and commits. Every value is inlined as a literal — bytes as hex (`X'..'`), text
-//! as hex with its character set (`_utf8mb4 X'..'`), numbers as digits — so no text of a
-//! request is ever spliced into SQL.
+//! begins a request's transaction and holds its key, the completion that writes the record
+//! and commits, and lease mode's acquisition and completion. They are the statements of
+//! [`sql`] with their `?` parameters inlined as literals — bytes as hex (`X'..'`), text as
+//! hex with its character set (`_utf8mb4 X'..'`), numbers as digits — so no text of a
+//! request is ever spliced into SQL. Each stops at its first error, and each commits, if it
+//! does, in its last statement.
 
 use std::fmt::Write as _;
+use std::time::Duration;
 
+use super::conn::micros;
 use super::sql;
-use crate::engine::record::NewRecord;
+use crate::engine::record::{LeaseEnd, NewRecord};
 
 /// Records whose headers and body together are larger than this are written with a bound
 /// statement instead (hex doubles their size, and a text query must fit the server's
 /// `max_allowed_packet`).
 pub(super) const INLINE_LIMIT: usize = 1 << 20;
+
+/// A value for one `?` of a statement.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Value<'a> {
+    Bytes(&'a [u8]),
+    Text(Option<&'a str>),
+    Int(Option<i64>),
+    Bool(bool),
+    /// An SQL expression of the crate's own, such as `LAST_INSERT_ID()`.
+    Sql(&'static str),
+}
+
+impl Value<'_> {
+    fn write(self, out: &mut String) {
+        match self {
+            Self::Bytes(bytes) => hex(out, bytes),
+            Self::Text(Some(text)) => {
+                out.push_str("_utf8mb4 ");
+                hex(out, text.as_bytes());
+            }
+            Self::Text(None) | Self::Int(None) => out.push_str("NULL"),
+            Self::Int(Some(n)) => {
+                let _ = write!(out, "{n}");
+            }
+            Self::Bool(b) => out.push_str(if b { "TRUE" } else { "FALSE" }),
+            Self::Sql(sql) => out.push_str(sql),
+        }
+    }
+}
 
 /// `X'…'`: `bytes` as a binary string literal.
 fn hex(out: &mut String, bytes: &[u8]) {
@@ -24,108 +57,169 @@ fn hex(out: &mut String, bytes: &[u8]) {
     out.push('\'');
 }
 
-/// `_utf8mb4 X'…'`: `text` as a UTF-8 string literal.
-fn text(out: &mut String, text: &str) {
-    out.push_str("_utf8mb4 ");
-    hex(out, text.as_bytes());
+/// Appends `; ` (unless `out` is empty) and `statement` with its `?`s replaced, in order, by
+/// `values`. The crate's statements have no `?` but their parameters.
+fn push(out: &mut String, statement: &str, values: &[Value<'_>]) {
+    if !out.is_empty() {
+        out.push_str("; ");
+    }
+    let mut values = values.iter();
+    for (i, part) in statement.split('?').enumerate() {
+        if i > 0 {
+            values
+                .next()
+                .expect("a value for every parameter")
+                .write(out);
+        }
+        out.push_str(part);
+    }
+    assert!(values.next().is_none(), "a parameter for every value");
 }
 
-/// The claim of a new key, in one round trip: the transaction begun (its lock waits bounded
-/// to `lock_wait` seconds), the key's row lock taken — refused at once while a twin holds
-/// it (`NOWAIT`), or waited for with `wait` — the placeholder row inserted (InnoDB holds it
-/// locked until the transaction ends, so every twin's locking read waits for it), the
-/// savepoint a stored 4xx rolls back to, and the lock wait timeout restored for the
-/// handler. It stops at its first error: 1205/3572 (a twin holds the key), 1062 (the key
-/// has a committed record the look-up before did not see).
+/// The claim of a new key: the transaction begun (its lock waits bounded to `lock_wait`
+/// seconds), the key's row lock taken — refused at once while a twin holds it (`NOWAIT`),
+/// or waited for with `wait` — the placeholder inserted (InnoDB holds it locked until the
+/// transaction ends, so every twin's locking read waits for it), the savepoint a stored
+/// 4xx rolls back to, and the lock wait timeout restored for the handler. Its errors: 1205
+/// or 3572 (a twin holds the key), 1062 (the key has a record the look-up did not see).
 pub(super) fn claim(id: &[u8], fingerprint: &[u8], lock_wait: u64, wait: bool) -> String {
     let mut query = sql::begin(Some(lock_wait), false);
-    query.push_str("; SELECT 1 FROM idempotency_records WHERE id = ");
-    hex(&mut query, id);
-    query.push_str(if wait {
-        " FOR UPDATE; "
-    } else {
-        " FOR UPDATE NOWAIT; "
-    });
-    placeholder(&mut query, id, fingerprint);
-    query.push_str("; ");
-    query.push_str(sql::WORK_SAVEPOINT);
+    let lock = if wait { sql::LOCK_WAIT } else { sql::LOCK_NOWAIT };
+    push(&mut query, lock, &[Value::Bytes(id)]);
+    push(&mut query, sql::INSERT_PLACEHOLDER, &[Value::Bytes(id), Value::Bytes(fingerprint)]);
+    push(&mut query, sql::WORK_SAVEPOINT, &[]);
     query
 }
 
 /// The claim of a key whose replaceable record the claim found under its lock: the record
 /// deleted, the placeholder inserted, the savepoint taken and the lock wait restored.
 pub(super) fn replace(id: &[u8], fingerprint: &[u8]) -> String {
-    let mut query = String::from("DELETE FROM idempotency_records WHERE id = ");
-    hex(&mut query, id);
-    query.push_str("; ");
-    placeholder(&mut query, id, fingerprint);
-    query.push_str("; ");
-    query.push_str(sql::WORK_SAVEPOINT);
+    let mut query = String::new();
+    push(&mut query, sql::DELETE_REPLACEABLE, &[Value::Bytes(id)]);
+    push(&mut query, sql::INSERT_PLACEHOLDER, &[Value::Bytes(id), Value::Bytes(fingerprint)]);
+    push(&mut query, sql::WORK_SAVEPOINT, &[]);
     query
 }
 
-/// The key's placeholder: never committed as it is (the completion turns it into the
-/// record), already expired and without a lease should anything ever commit it.
-fn placeholder(query: &mut String, id: &[u8], fingerprint: &[u8]) {
-    query.push_str(
-        "INSERT INTO idempotency_records \
-         (id, scope, fingerprint, status, headers, body, state, created_at, updated_at, \
-          expires_at) VALUES (",
-    );
-    hex(query, id);
-    query.push_str(", '', ");
-    hex(query, fingerprint);
-    query.push_str(
-        ", 0, '', '', 'PROCESSING', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-    );
+/// The values of [`sql::COMPLETE`].
+pub(super) fn complete_values<'a>(record: &'a NewRecord<'_>) -> [Value<'a>; 9] {
+    [
+        Value::Text(Some(record.scope)),
+        Value::Text(record.raw_key),
+        Value::Bytes(&record.fingerprint.0),
+        Value::Int(Some(i64::from(record.status.as_u16()))),
+        Value::Bytes(&record.headers),
+        Value::Bytes(&record.body.bytes),
+        Value::Int(record.body.key_id.map(i64::from)),
+        Value::Int(Some(micros(record.ttl))),
+        Value::Bytes(record.id.as_bytes()),
+    ]
 }
 
-/// The completion, in one round trip: the savepoint check (`RELEASE SAVEPOINT`, or for a
-/// stored 4xx the rollback to it: either fails with 1305 when the transaction is gone), the
-/// placeholder turned into the record, and the commit with the session restored — only
-/// when that `UPDATE` changed the placeholder (1231 otherwise, nothing committed). `None`:
-/// the record is too large to inline; see [`INLINE_LIMIT`].
+/// The completion: the savepoint check (`RELEASE SAVEPOINT`, or for a stored 4xx the
+/// rollback to it: either fails with 1305 when the transaction is gone), the placeholder
+/// turned into the record, and the commit with the session restored — only when that
+/// `UPDATE` changed the placeholder (1231 otherwise, nothing committed). `None`: the record
+/// is too large to inline; see [`INLINE_LIMIT`].
 pub(super) fn complete(record: &NewRecord<'_>, discard_handler_writes: bool) -> Option<String> {
-    if record.headers.len() + record.body.bytes.len() > INLINE_LIMIT {
+    let size = record.headers.len() + record.body.bytes.len();
+    if size > INLINE_LIMIT {
         return None;
     }
-    let mut query = String::with_capacity(
-        512 + 2 * (record.headers.len() + record.body.bytes.len() + record.scope.len()),
-    );
-    query.push_str(if discard_handler_writes {
+    let mut query = String::with_capacity(1024 + 2 * (size + record.scope.len()));
+    let check = if discard_handler_writes {
         sql::ROLLBACK_WORK
     } else {
         sql::RELEASE_WORK
-    });
-    query.push_str("; UPDATE idempotency_records SET scope = ");
-    text(&mut query, record.scope);
-    query.push_str(", idempotency_key = ");
-    match record.raw_key {
-        Some(key) => text(&mut query, key),
-        None => query.push_str("NULL"),
-    }
-    query.push_str(", fingerprint = ");
-    hex(&mut query, &record.fingerprint.0);
-    let _ = write!(query, ", status = {}, headers = ", record.status.as_u16());
-    hex(&mut query, &record.headers);
-    query.push_str(", body = ");
-    hex(&mut query, &record.body.bytes);
-    match record.body.key_id {
-        Some(key_id) => {
-            let _ = write!(query, ", body_key_id = {key_id}");
-        }
-        None => query.push_str(", body_key_id = NULL"),
-    }
-    let _ = write!(
-        query,
-        ", state = 'SUCCESS', retryable = FALSE, locked_until = NULL, \
-         created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), \
-         expires_at = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND WHERE id = ",
-        super::conn::micros(record.ttl)
+    };
+    push(&mut query, check, &[]);
+    push(&mut query, sql::COMPLETE, &complete_values(record));
+    push(&mut query, sql::COMMIT_ONE_ROW_AND_RESTORE, &[]);
+    Some(query)
+}
+
+/// Lease mode's acquisition of a free key, committed: the transaction begun (lock waits
+/// bounded to one second), the key's locking read (its row, if any, is the answer's only
+/// row), a fencing token drawn from the counter (the statement's `last_insert_id`), the
+/// PROCESSING record inserted under it, and the commit. A key with a record stops it at
+/// the insert (1062) with the row read and locked, the transaction open.
+pub(super) fn lease_acquire(record: &NewRecord<'_>, lease: Duration) -> String {
+    let id = record.id.as_bytes();
+    let mut query = sql::begin(Some(1), false);
+    push(
+        &mut query,
+        sql::LEASE_LOCK,
+        &[Value::Bytes(&record.fingerprint.0), Value::Bytes(id)],
     );
-    hex(&mut query, record.id.as_bytes());
-    query.push_str(" AND state = 'PROCESSING' AND locked_until IS NULL; ");
-    query.push_str(sql::COMMIT_ONE_ROW_AND_RESTORE);
+    push(&mut query, sql::NEXT_FENCING_TOKEN, &[]);
+    push(
+        &mut query,
+        sql::LEASE_INSERT,
+        &[
+            Value::Bytes(id),
+            Value::Text(Some(record.scope)),
+            Value::Text(record.raw_key),
+            Value::Bytes(&record.fingerprint.0),
+            // NULL, refused by the column, unless the counter's row was there to draw from.
+            Value::Sql("IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL)"),
+            Value::Int(Some(micros(lease))),
+            Value::Int(Some(micros(record.ttl))),
+        ],
+    );
+    push(&mut query, sql::COMMIT_AND_RESTORE, &[]);
+    query
+}
+
+/// Lease mode's takeover, in the transaction [`lease_acquire`] left open on a replaceable
+/// record: the record taken over under `token`, the token it holds read back (its only
+/// row), and the commit.
+pub(super) fn lease_take_over(record: &NewRecord<'_>, lease: Duration, token: i64) -> String {
+    let id = record.id.as_bytes();
+    let mut query = String::new();
+    push(
+        &mut query,
+        sql::LEASE_TAKE_OVER,
+        &[
+            Value::Text(Some(record.scope)),
+            Value::Text(record.raw_key),
+            Value::Bytes(&record.fingerprint.0),
+            Value::Int(Some(token)),
+            Value::Int(Some(micros(lease))),
+            Value::Int(Some(micros(record.ttl))),
+            Value::Bytes(id),
+        ],
+    );
+    push(&mut query, sql::LEASE_TOKEN, &[Value::Bytes(id)]);
+    push(&mut query, sql::COMMIT_AND_RESTORE, &[]);
+    query
+}
+
+/// Lease mode's fenced completion, committed only when it changed the holder's record
+/// (1231 otherwise: the lease was taken over, nothing committed); lock waits bounded to one
+/// second. `None`: too large to inline.
+pub(super) fn lease_complete(record: &NewRecord<'_>, token: i64, end: LeaseEnd) -> Option<String> {
+    let size = record.headers.len() + record.body.bytes.len();
+    if size > INLINE_LIMIT {
+        return None;
+    }
+    let mut query = sql::begin(Some(1), false);
+    query.reserve(1024 + 2 * size);
+    push(
+        &mut query,
+        sql::LEASE_COMPLETE,
+        &[
+            Value::Text(Some(end.state())),
+            Value::Bool(end.retryable()),
+            Value::Int(Some(i64::from(record.status.as_u16()))),
+            Value::Bytes(&record.headers),
+            Value::Bytes(&record.body.bytes),
+            Value::Int(record.body.key_id.map(i64::from)),
+            Value::Int(Some(micros(record.ttl))),
+            Value::Bytes(record.id.as_bytes()),
+            Value::Int(Some(token)),
+        ],
+    );
+    push(&mut query, sql::COMMIT_ONE_ROW_AND_RESTORE, &[]);
     Some(query)
 }
 
@@ -134,17 +228,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn literals_are_hex_and_never_the_text_itself() {
+    fn values_are_literals_and_never_the_text_itself() {
         let mut out = String::new();
-        text(&mut out, "a'); DROP TABLE x; --");
-        assert!(out.starts_with("_utf8mb4 X'61"));
+        push(
+            &mut out,
+            "SELECT ?, ?, ?, ?, ?",
+            &[
+                Value::Text(Some("a'); DROP TABLE x; --")),
+                Value::Bytes(&[0, 0xab, 0xff]),
+                Value::Bytes(&[]),
+                Value::Int(None),
+                Value::Bool(true),
+            ],
+        );
         assert!(!out.contains("DROP"));
-        let mut out = String::new();
-        hex(&mut out, &[]);
-        assert_eq!(out, "X''");
-        let mut out = String::new();
-        hex(&mut out, &[0, 0xab, 0xff]);
-        assert_eq!(out, "X'00ABFF'");
+        assert!(out.starts_with("SELECT _utf8mb4 X'6127293B2044524F50"));
+        assert!(out.ends_with(", X'00ABFF', X'', NULL, TRUE"));
+        push(&mut out, "SELECT 1", &[]);
+        assert!(out.ends_with("TRUE; SELECT 1"));
+    }
+
+    #[test]
+    #[should_panic(expected = "a value for every parameter")]
+    fn a_missing_value_is_a_bug_caught_at_once() {
+        push(&mut String::new(), "SELECT ?", &[]);
     }
 
     #[test]
@@ -155,6 +262,7 @@ mod tests {
         let savepoint = query.find("SAVEPOINT axum_idempotency_work").unwrap();
         assert!(query.find("START TRANSACTION").unwrap() < lock);
         assert!(lock < insert && insert < savepoint);
+        assert!(!query.contains('?'));
         assert!(claim(&[1; 16], &[2; 32], 3, true).contains("innodb_lock_wait_timeout = 3"));
     }
 }

@@ -3,12 +3,14 @@
 
 use std::time::Duration;
 
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
 
 use ::sqlx::mysql::{MySql, MySqlArguments, MySqlDatabaseError, MySqlRow};
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::query::Query;
-use ::sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, SqlSafeStr, Transaction};
+use ::sqlx::{
+    AssertSqlSafe, Connection, Either, Executor, MySqlConnection, SqlSafeStr, Transaction,
+};
 
 use super::{MySqlStore, sql};
 use crate::engine::error::Error;
@@ -120,6 +122,31 @@ impl MySqlConn {
         self.dirty = false;
     }
 
+    /// Runs a text query of several statements (which may change the session), gathering
+    /// what it answered up to its first error.
+    pub(super) async fn run(&mut self, query: String) -> Answered {
+        self.dirty = true;
+        let mut answered = Answered {
+            rows: Vec::new(),
+            last_insert_id: 0,
+            error: None,
+        };
+        let mut stream = self.connection_mut().fetch_many(AssertSqlSafe(query));
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(Either::Left(done)) => {
+                    answered.last_insert_id = answered.last_insert_id.max(done.last_insert_id());
+                }
+                Ok(Either::Right(row)) => answered.rows.push(row),
+                Err(error) => {
+                    answered.error = Some(error);
+                    break;
+                }
+            }
+        }
+        answered
+    }
+
     /// Rolls back and restores the session, or, if that fails, leaves the connection to be
     /// closed when dropped.
     pub(super) async fn reset(&mut self) {
@@ -156,6 +183,16 @@ impl std::fmt::Debug for MySqlConn {
     }
 }
 
+/// What a text query of several statements answered before its first error.
+pub(super) struct Answered {
+    /// The rows of its statements, in order.
+    pub(super) rows: Vec<MySqlRow>,
+    /// The largest `last_insert_id` a statement reported (a drawn fencing token).
+    pub(super) last_insert_id: u64,
+    /// The error that stopped it; `None`: every statement ran.
+    pub(super) error: Option<::sqlx::Error>,
+}
+
 /// The server's error number of a database error.
 pub(super) fn error_number(error: &::sqlx::Error) -> Option<u16> {
     Some(
@@ -168,6 +205,8 @@ pub(super) fn error_number(error: &::sqlx::Error) -> Option<u16> {
 
 /// Duplicate key.
 pub(super) const DUPLICATE_KEY: u16 = 1062;
+/// A `NOT NULL` column given `NULL`: lease mode's token when the counter row is missing.
+pub(super) const COLUMN_CANNOT_BE_NULL: u16 = 1048;
 /// No such table.
 pub(super) const NO_SUCH_TABLE: u16 = 1146;
 /// `SAVEPOINT ... does not exist`: the transaction that took it is gone.
@@ -273,6 +312,21 @@ impl MySqlStore {
              caller's BEGIN); it is closed, which rolls that transaction back"
         );
         true
+    }
+
+    /// `query` (see [`MySqlConn::run`]) on a pooled connection; one found inside a stray
+    /// transaction is closed and the query sent again on another (see
+    /// [`acquire_begun`](Self::acquire_begun)).
+    pub(super) async fn run(&self, query: String) -> Result<(MySqlConn, Answered), Error> {
+        let mut closed = 0;
+        loop {
+            let mut conn = self.acquire().await?;
+            let answered = conn.run(query.clone()).await;
+            match &answered.error {
+                Some(e) if self.discard_dirty(e, &mut closed) => {}
+                _ => return Ok((conn, answered)),
+            }
+        }
     }
 
     /// A connection inside a READ COMMITTED transaction whose row-lock waits are bounded

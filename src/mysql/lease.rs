@@ -1,121 +1,123 @@
 //! Lease mode on MySQL/MariaDB: the PROCESSING record committed in a short transaction of
 //! its own (the key's row lock, a fencing token from the counter, the insert or takeover),
-//! and its fenced completion.
+//! and its fenced completion — one round trip each for a free key.
 
 use std::time::Duration;
 
 use ::sqlx::Row;
 
 use super::MySqlStore;
-use super::conn::{DUPLICATE_KEY, error_number, lock_refused, micros};
-use super::sql;
+use super::conn::{
+    COLUMN_CANNOT_BE_NULL, DUPLICATE_KEY, WRONG_VALUE_FOR_VAR, error_number, lock_refused, micros,
+};
+use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::record::{LeaseClaim, LeaseEnd, NewRecord};
 use crate::store::{LeaseStore, rows};
 
 impl LeaseStore for MySqlStore {
-    /// `BEGIN` (lock waits bounded to 1 s), the key's locking read, and — when the key is
-    /// free or may be taken over — the token drawn, the insert or takeover and `COMMIT`.
+    /// One text query for a free key ([`batch::lease_acquire`]): `BEGIN`, the key's locking
+    /// read, the token drawn, the PROCESSING record and the commit. A key with a record
+    /// stops it at the insert, with the row read and locked: then one more for a takeover
+    /// ([`batch::lease_take_over`]), or the rollback.
     async fn lease_acquire(
         &self,
         record: &NewRecord<'_>,
         lease: Duration,
     ) -> Result<LeaseClaim, Error> {
-        let mut conn = self.begin_internal(1).await?;
-        let id = &record.id.as_bytes()[..];
-        let locked = self
-            .query(sql::LEASE_LOCK)
-            .bind(&record.fingerprint.0[..])
-            .bind(id)
-            .fetch_optional(conn.connection_mut())
-            .await;
-        let row = match locked {
-            Err(e) if lock_refused(&e) => {
-                conn.reset().await;
-                return Ok(LeaseClaim::Raced);
+        let (mut conn, answered) = self.run(batch::lease_acquire(record, lease)).await?;
+        let error = match answered.error {
+            None => {
+                conn.settle();
+                let token = i64::try_from(answered.last_insert_id).unwrap_or(i64::MAX);
+                return Ok(LeaseClaim::Acquired {
+                    token,
+                    took_over: false,
+                });
             }
-            locked => locked?,
+            Some(error) => error,
         };
-        let took_over = match &row {
-            None => false,
-            Some(row) if row.try_get::<bool, _>(10)? => true,
-            Some(row) => {
-                let found = rows::record_row(row, 9)?;
+        let row = match error_number(&error) {
+            // A twin holds the key.
+            _ if lock_refused(&error) => None,
+            Some(DUPLICATE_KEY) => answered.rows.first(),
+            // The counter's row is missing: the token would be NULL.
+            Some(COLUMN_CANNOT_BE_NULL) => {
                 conn.reset().await;
-                return Ok(LeaseClaim::not_acquired(Some(found), record.fingerprint));
+                return Err(Error::SchemaMissing(Box::new(Error::InvalidArgument(
+                    "the fencing-token counter row is missing from idempotency_counters",
+                ))));
+            }
+            _ => {
+                conn.reset().await;
+                return Err(error.into());
             }
         };
-        let drawn = self
-            .query(sql::NEXT_FENCING_TOKEN)
-            .execute(conn.connection_mut())
-            .await?;
-        let token = i64::try_from(drawn.last_insert_id()).unwrap_or(i64::MAX);
-        if drawn.rows_affected() != 1 || token <= 0 {
+        let Some(row) = row else {
+            // Refused, or a twin inserted the key after the locking read.
             conn.reset().await;
-            return Err(Error::SchemaMissing(Box::new(Error::InvalidArgument(
-                "the fencing-token counter row is missing from idempotency_counters",
-            ))));
-        }
-        let token = if took_over {
-            self.query(sql::LEASE_TAKE_OVER)
-                .bind(record.scope)
-                .bind(record.raw_key)
-                .bind(&record.fingerprint.0[..])
-                .bind(token)
-                .bind(micros(lease))
-                .bind(micros(record.ttl))
-                .bind(id)
-                .execute(conn.connection_mut())
-                .await?;
-            self.query(sql::LEASE_TOKEN)
-                .bind(id)
-                .fetch_one(conn.connection_mut())
-                .await?
-                .try_get(0)?
-        } else {
-            let inserted = self
-                .query(sql::LEASE_INSERT)
-                .bind(id)
-                .bind(record.scope)
-                .bind(record.raw_key)
-                .bind(&record.fingerprint.0[..])
-                .bind(token)
-                .bind(micros(lease))
-                .bind(micros(record.ttl))
-                .execute(conn.connection_mut())
-                .await;
-            match inserted {
-                Ok(_) => token,
-                // A twin inserted the key after the locking read.
-                Err(e) if error_number(&e) == Some(DUPLICATE_KEY) || lock_refused(&e) => {
-                    conn.reset().await;
-                    return Ok(LeaseClaim::Raced);
-                }
-                Err(e) => return Err(e.into()),
-            }
+            return Ok(LeaseClaim::Raced);
         };
-        conn.finish(true).await?;
-        Ok(LeaseClaim::Acquired { token, took_over })
+        if !row.try_get::<bool, _>(10)? {
+            let found = rows::record_row(row, 9)?;
+            conn.reset().await;
+            return Ok(LeaseClaim::not_acquired(Some(found), record.fingerprint));
+        }
+        // Replaceable, and locked: the token drawn before the insert failed takes it over.
+        let drawn = i64::try_from(answered.last_insert_id).unwrap_or(i64::MAX);
+        let took = conn.run(batch::lease_take_over(record, lease, drawn)).await;
+        if let Some(error) = took.error {
+            conn.reset().await;
+            return Err(error.into());
+        }
+        conn.settle();
+        let token = match took.rows.first() {
+            Some(row) => row.try_get(0)?,
+            None => drawn,
+        };
+        Ok(LeaseClaim::Acquired {
+            token,
+            took_over: true,
+        })
     }
 
-    /// One fenced `UPDATE`, its lock wait bounded.
+    /// One text query ([`batch::lease_complete`]): the fenced `UPDATE`, its lock wait
+    /// bounded, committed only when it changed the holder's record.
     async fn lease_complete(
         &self,
         record: &NewRecord<'_>,
         token: i64,
         end: LeaseEnd,
     ) -> Result<bool, Error> {
-        let query = self
-            .query(sql::LEASE_COMPLETE)
-            .bind(end.state())
-            .bind(end.retryable())
-            .bind(record.status.as_u16() as i16)
-            .bind(&record.headers[..])
-            .bind(&*record.body.bytes)
-            .bind(record.body.key_id)
-            .bind(micros(record.ttl))
-            .bind(&record.id.as_bytes()[..])
-            .bind(token);
-        Ok(self.execute_bounded(query).await? == 1)
+        let Some(query) = batch::lease_complete(record, token, end) else {
+            let query = self
+                .query(sql::LEASE_COMPLETE)
+                .bind(end.state())
+                .bind(end.retryable())
+                .bind(record.status.as_u16() as i16)
+                .bind(&record.headers[..])
+                .bind(&*record.body.bytes)
+                .bind(record.body.key_id)
+                .bind(micros(record.ttl))
+                .bind(&record.id.as_bytes()[..])
+                .bind(token);
+            return Ok(self.execute_bounded(query).await? == 1);
+        };
+        let (mut conn, answered) = self.run(query).await?;
+        match answered.error {
+            None => {
+                conn.settle();
+                Ok(true)
+            }
+            Some(error) => {
+                conn.reset().await;
+                if error_number(&error) == Some(WRONG_VALUE_FOR_VAR) {
+                    // The `UPDATE` changed no row: the lease was taken over.
+                    Ok(false)
+                } else {
+                    Err(error.into())
+                }
+            }
+        }
     }
 }

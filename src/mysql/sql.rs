@@ -118,10 +118,26 @@ macro_rules! record_columns {
 
 /// A record's claim columns, outside any transaction. `?` id.
 pub(super) const LOOKUP: &str = record_columns!();
+/// The key's row lock, refused at once if another transaction holds it (a twin's
+/// placeholder); `FOR UPDATE` waits instead (`wait_for_in_flight`). `?` id.
+pub(super) const LOCK_NOWAIT: &str = "SELECT 1 FROM idempotency_records WHERE id = ? FOR UPDATE NOWAIT";
+/// The key's row lock, waited for up to the session's `innodb_lock_wait_timeout`. `?` id.
+pub(super) const LOCK_WAIT: &str = "SELECT 1 FROM idempotency_records WHERE id = ? FOR UPDATE";
+/// Removes the replaceable record the claim found, under its lock. `?` id.
+pub(super) const DELETE_REPLACEABLE: &str = "DELETE FROM idempotency_records WHERE id = ?";
+/// The key's placeholder, inserted at the start of the request's transaction: InnoDB holds
+/// it locked until the transaction ends, so a twin's locking read waits for it (or, with
+/// `NOWAIT`, is refused). Never committed as it is: the completion turns it into the
+/// record. Already expired and without a lease, should anything ever commit it. `?` id, `?`
+/// fingerprint.
+pub(super) const INSERT_PLACEHOLDER: &str = "INSERT INTO idempotency_records \
+    (id, scope, fingerprint, status, headers, body, state, created_at, updated_at, expires_at) \
+    VALUES (?, '', ?, 0, '', '', 'PROCESSING', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), \
+            UTC_TIMESTAMP(6))";
 /// The placeholder becomes the record. 0 rows: the placeholder is gone, and with it the
 /// transaction. `?` scope, raw key, fingerprint, status, headers, body, body key id, ttl
 /// microseconds, id.
-pub(super) const COMPLETE: &str = "UPDATE idempotency_records SET \
+pub(super) const COMPLETE: &str = "UPDATE idempotency_records FORCE INDEX (PRIMARY) SET \
     scope = ?, idempotency_key = ?, fingerprint = ?, status = ?, headers = ?, body = ?, \
     body_key_id = ?, state = 'SUCCESS', retryable = FALSE, locked_until = NULL, \
     created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), \
@@ -164,7 +180,7 @@ pub(super) const LEASE_TAKE_OVER: &str = "UPDATE idempotency_records SET \
 pub(super) const LEASE_TOKEN: &str = "SELECT fencing_token FROM idempotency_records WHERE id = ?";
 /// Lease mode: the holder's completion, fenced by its token. `?` state, retryable, status,
 /// headers, body, body key id, ttl microseconds, id, token.
-pub(super) const LEASE_COMPLETE: &str = "UPDATE idempotency_records SET \
+pub(super) const LEASE_COMPLETE: &str = "UPDATE idempotency_records FORCE INDEX (PRIMARY) SET \
     state = ?, retryable = ?, status = ?, headers = ?, body = ?, body_key_id = ?, \
     locked_until = NULL, updated_at = UTC_TIMESTAMP(6), \
     expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
