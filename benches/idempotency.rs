@@ -525,6 +525,8 @@ mod ceiling {
             | Variant::MySqlBare
             | Variant::MySqlNew
             | Variant::MySqlReplay
+            | Variant::MySqlLeaseNew
+            | Variant::MySqlThreeCommit
             | Variant::SqliteBare
             | Variant::SqliteNew
             | Variant::SqliteReplay => {}
@@ -606,6 +608,8 @@ enum Variant {
     MySqlBare,
     MySqlNew,
     MySqlReplay,
+    MySqlLeaseNew,
+    MySqlThreeCommit,
     SqliteBare,
     SqliteNew,
     SqliteReplay,
@@ -616,7 +620,11 @@ impl Variant {
     fn baseline(self) -> Self {
         match self {
             Self::SqlxNew | Self::SqlxReplay => Self::SqlxBare,
-            Self::MySqlBare | Self::MySqlNew | Self::MySqlReplay => Self::MySqlBare,
+            Self::MySqlBare
+            | Self::MySqlNew
+            | Self::MySqlReplay
+            | Self::MySqlLeaseNew
+            | Self::MySqlThreeCommit => Self::MySqlBare,
             Self::SqliteBare | Self::SqliteNew | Self::SqliteReplay => Self::SqliteBare,
             _ => Self::Bare,
         }
@@ -629,6 +637,8 @@ impl Variant {
             Self::MySqlBare
                 | Self::MySqlNew
                 | Self::MySqlReplay
+                | Self::MySqlLeaseNew
+                | Self::MySqlThreeCommit
                 | Self::SqliteBare
                 | Self::SqliteNew
                 | Self::SqliteReplay
@@ -652,6 +662,8 @@ impl Variant {
             Self::MySqlBare => "mysql-bare",
             Self::MySqlNew => "mysql-new",
             Self::MySqlReplay => "mysql-replay",
+            Self::MySqlLeaseNew => "mysql-lease-new",
+            Self::MySqlThreeCommit => "mysql-three-commit",
             Self::SqliteBare => "sqlite-bare",
             Self::SqliteNew => "sqlite-new",
             Self::SqliteReplay => "sqlite-replay",
@@ -760,7 +772,11 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
         Variant::SqlxBare | Variant::SqlxNew | Variant::SqlxReplay => {
             servers.sqlx.expect("built without the sqlx feature")
         }
-        Variant::MySqlBare | Variant::MySqlNew | Variant::MySqlReplay => servers
+        Variant::MySqlBare
+        | Variant::MySqlNew
+        | Variant::MySqlReplay
+        | Variant::MySqlLeaseNew
+        | Variant::MySqlThreeCommit => servers
             .mysql
             .expect("built without the mysql feature, or no MYSQL_URL"),
         Variant::SqliteBare | Variant::SqliteNew | Variant::SqliteReplay => {
@@ -817,12 +833,12 @@ async fn run(variant: Variant, servers: Servers, concurrency: usize, load: Load)
                                 .post("/orders-optimistic", Some(&fresh_key()), &body_for(n))
                                 .await
                         }
-                        Variant::LeaseNew => {
+                        Variant::LeaseNew | Variant::MySqlLeaseNew => {
                             connection
                                 .post("/lease", Some(&fresh_key()), &body_for(n))
                                 .await
                         }
-                        Variant::ThreeCommit => {
+                        Variant::ThreeCommit | Variant::MySqlThreeCommit => {
                             connection
                                 .post("/three-commit", Some(&fresh_key()), &body_for(n))
                                 .await
@@ -1239,6 +1255,8 @@ struct OtherDatabase {
     bare: Variant,
     new: Variant,
     replay: Variant,
+    /// Further paths, run when `--only` names them.
+    more: Vec<Variant>,
     /// Requests/s of a variant's statements alone at a concurrency, for a duration.
     #[allow(clippy::type_complexity)]
     ceiling: Box<dyn Fn(Variant, usize, Duration) -> BoxFuture<'static, f64>>,
@@ -1281,6 +1299,13 @@ async fn other_databases(
         let mut variants: Vec<Variant> = [database.new, database.replay]
             .into_iter()
             .filter(|&v| selected(v))
+            .chain(
+                database
+                    .more
+                    .iter()
+                    .copied()
+                    .filter(|v| options.only.iter().any(|o| o == v.name())),
+            )
             .collect();
         if variants.is_empty() && !selected(database.bare) {
             (database.cleanup)().await;

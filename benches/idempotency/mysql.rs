@@ -10,13 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::IdempotencyLayer;
 use axum_idempotency::mysql::IdempotentTx;
-use futures_util::FutureExt;
+use axum_idempotency::{IdempotencyLayer, IdempotentLease};
+use futures_util::{FutureExt, TryStreamExt};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::{AssertSqlSafe, Connection, Executor, MySqlConnection, MySqlPool};
 use tokio::sync::Barrier;
@@ -55,26 +55,78 @@ fn claim(id: &[u8]) -> String {
     )
 }
 
-/// `batch::complete`: one text query — the savepoint check, the placeholder turned into
-/// the record, and the commit (`autocommit` back on) with the session restored.
+/// `batch::complete`: one text query — the savepoint check and the placeholder turned into
+/// the record; [`COMMIT_AND_RESTORE`] follows on its own.
 fn complete(id: &[u8]) -> String {
     format!(
-        "RELEASE SAVEPOINT axum_idempotency_work; UPDATE idempotency_records SET \
+        "RELEASE SAVEPOINT axum_idempotency_work; UPDATE idempotency_records \
+         FORCE INDEX (PRIMARY) SET \
          scope = _utf8mb4 X'', idempotency_key = NULL, fingerprint = {fingerprint}, \
          status = 201, headers = {headers}, body = {body}, body_key_id = NULL, \
          state = 'SUCCESS', retryable = FALSE, locked_until = NULL, \
          created_at = UTC_TIMESTAMP(6), updated_at = UTC_TIMESTAMP(6), \
          expires_at = UTC_TIMESTAMP(6) + INTERVAL 86400000000 MICROSECOND \
-         WHERE id = {id} AND state = 'PROCESSING' AND locked_until IS NULL; \
-         SET SESSION innodb_lock_wait_timeout = COALESCE(@axum_idempotency_lock_wait, \
-         @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL, \
-         SESSION autocommit = IF(ROW_COUNT() = 1, 1, 2)",
+         WHERE id = {id} AND state = 'PROCESSING' AND locked_until IS NULL",
         id = hex(id),
         fingerprint = hex(FINGERPRINT),
         headers = hex(HEADERS),
         body = hex(BODY),
     )
 }
+
+/// `batch::lease_acquire` for a free key: one text query that writes the PROCESSING record
+/// under a fresh token (the query's `last_insert_id`); [`COMMIT_AND_RESTORE`] follows.
+fn lease_acquire(id: &[u8]) -> String {
+    format!(
+        "SET @axum_idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+         SESSION innodb_lock_wait_timeout = 1, SESSION autocommit = 0; \
+         SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+         SELECT status, headers, body, fingerprint, expires_at <= UTC_TIMESTAMP(6), state, \
+         retryable, CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) \
+         / 1000000) AS SIGNED), CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
+         / 1e6 AS DOUBLE), body_key_id, expires_at <= UTC_TIMESTAMP(6) OR (fingerprint = \
+         {fingerprint} AND ((state = 'PROCESSING' AND locked_until <= UTC_TIMESTAMP(6)) \
+         OR (state = 'FAILED' AND retryable))), fencing_token FROM idempotency_records \
+         WHERE id = {id} FOR UPDATE; \
+         UPDATE idempotency_counters SET value = LAST_INSERT_ID(value + 1) \
+         WHERE name = 'fencing'; \
+         INSERT INTO idempotency_records (id, scope, idempotency_key, fingerprint, state, \
+         fencing_token, locked_until, status, headers, body, created_at, updated_at, \
+         expires_at) VALUES ({id}, _utf8mb4 X'', NULL, {fingerprint}, 'PROCESSING', \
+         IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL), UTC_TIMESTAMP(6) + INTERVAL 30000000 \
+         MICROSECOND, 0, '', '', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + \
+         INTERVAL 86400000000 MICROSECOND); \
+         SET SESSION innodb_lock_wait_timeout = COALESCE(@axum_idempotency_lock_wait, \
+         @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL",
+        id = hex(id),
+        fingerprint = hex(FINGERPRINT),
+    )
+}
+
+/// `batch::lease_complete`: one text query, the fenced `UPDATE`; [`COMMIT_AND_RESTORE`]
+/// follows.
+fn lease_complete(id: &[u8], token: u64) -> String {
+    format!(
+        "SET @axum_idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
+         SESSION innodb_lock_wait_timeout = 1, SESSION autocommit = 0; \
+         SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+         UPDATE idempotency_records FORCE INDEX (PRIMARY) SET state = _utf8mb4 X'53554343455353', \
+         retryable = FALSE, status = 201, headers = {headers}, body = {body}, \
+         body_key_id = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6), \
+         expires_at = UTC_TIMESTAMP(6) + INTERVAL 86400000000 MICROSECOND \
+         WHERE id = {id} AND fencing_token = {token} AND state = 'PROCESSING'; \
+         SET SESSION innodb_lock_wait_timeout = COALESCE(@axum_idempotency_lock_wait, \
+         @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL",
+        id = hex(id),
+        headers = hex(HEADERS),
+        body = hex(BODY),
+    )
+}
+
+/// `sql::COMMIT_AND_RESTORE`: the commit, alone.
+const COMMIT_AND_RESTORE: &str = "SET SESSION innodb_lock_wait_timeout = \
+    COALESCE(@axum_idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout), \
+    @axum_idempotency_lock_wait = NULL, SESSION autocommit = 1";
 
 /// `X'…'`.
 fn hex(bytes: &[u8]) -> String {
@@ -119,6 +171,56 @@ async fn atomic(mut tx: IdempotentTx, Json(order): Json<NewOrder>) -> Response {
     }
 }
 
+/// Lease mode: the lease commits first; the business insert runs in its own transaction.
+async fn lease(
+    _lease: IdempotentLease,
+    State(pool): State<MySqlPool>,
+    Json(order): Json<NewOrder>,
+) -> Response {
+    bare(State(pool), Json(order)).await
+}
+
+/// The common pattern by hand, for comparison only: commit PROCESSING, run the business
+/// transaction, commit SUCCESS with the response — three commits on one pooled connection.
+async fn three_commit(
+    State(pool): State<MySqlPool>,
+    headers: HeaderMap,
+    Json(order): Json<NewOrder>,
+) -> Response {
+    let key = headers["idempotency-key"].as_bytes().to_vec();
+    let mut conn = pool.acquire().await.unwrap();
+    let claimed = sqlx::query(THREE_COMMIT_CLAIM)
+        .bind(&key)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    if claimed.rows_affected() == 0 {
+        return StatusCode::CONFLICT.into_response();
+    }
+    let mut tx = conn.begin().await.unwrap();
+    let done = sqlx::query(INSERT_ORDER)
+        .bind(order.user_id)
+        .bind(order.amount)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let response = created(done.last_insert_id() as i64, &order);
+    sqlx::query(THREE_COMMIT_FINISH)
+        .bind(BODY)
+        .bind(&key)
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    response
+}
+
+/// The hand-written pattern's statements: its PROCESSING row, and its completion.
+const THREE_COMMIT_CLAIM: &str =
+    "INSERT IGNORE INTO three_commit_records (k, status) VALUES (?, 'PROCESSING')";
+const THREE_COMMIT_FINISH: &str =
+    "UPDATE three_commit_records SET status = 'SUCCESS', response = ? WHERE k = ?";
+
 /// The server and ceiling at `MYSQL_URL`, in a fresh database of the bench's own (dropped
 /// by the cleanup); `None` without `MYSQL_URL`, or when it does not answer.
 pub(super) async fn database() -> Option<(OtherDatabase, SocketAddr)> {
@@ -151,17 +253,21 @@ pub(super) async fn database() -> Option<(OtherDatabase, SocketAddr)> {
     axum_idempotency::migrate(&pool).await.unwrap();
     sqlx::raw_sql(
         "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, \
-         amount BIGINT NOT NULL) ENGINE = InnoDB",
+         amount BIGINT NOT NULL) ENGINE = InnoDB; \
+         CREATE TABLE three_commit_records (k VARBINARY(255) PRIMARY KEY, \
+         status VARCHAR(10) NOT NULL, response BLOB NULL) ENGINE = InnoDB",
     )
     .execute(&pool)
     .await
     .unwrap();
     let idempotent = Router::new()
         .route("/orders", post(atomic))
+        .route("/lease", post(lease))
         .layer(IdempotencyLayer::new(pool.clone()))
         .with_state(pool.clone());
     let app = Router::new()
         .route("/bare", post(bare))
+        .route("/three-commit", post(three_commit))
         .with_state(pool.clone())
         .merge(idempotent);
     let addr = super::serve(app).await;
@@ -172,6 +278,7 @@ pub(super) async fn database() -> Option<(OtherDatabase, SocketAddr)> {
         bare: Variant::MySqlBare,
         new: Variant::MySqlNew,
         replay: Variant::MySqlReplay,
+        more: vec![Variant::MySqlLeaseNew, Variant::MySqlThreeCommit],
         ceiling: Box::new(move |variant, concurrency, duration| {
             rate(
                 options.clone(),
@@ -277,8 +384,63 @@ async fn one(conn: &mut MySqlConnection, variant: Variant, replay: Option<&Vec<u
                 .execute(&mut *conn)
                 .await
                 .unwrap();
-            conn.execute(AssertSqlSafe(complete(&id))).await.unwrap();
+            let done = conn.execute(AssertSqlSafe(complete(&id))).await.unwrap();
+            assert_eq!(done.rows_affected(), 1);
+            conn.execute(COMMIT_AND_RESTORE).await.unwrap();
             conn.execute(QUEUED_ROLLBACK).await.unwrap();
+        }
+        Variant::MySqlLeaseNew => {
+            // One text query each: the lease's acquisition (committed), the handler's own
+            // transaction, the fenced completion (committed).
+            let id = Uuid::fresh().0;
+            // The token is the counter statement's `last_insert_id`, as the driver reads it.
+            let token = conn
+                .fetch_many(AssertSqlSafe(lease_acquire(&id)))
+                .try_fold(0, |token, item| async move {
+                    Ok(match item {
+                        sqlx::Either::Left(done) => token.max(done.last_insert_id()),
+                        sqlx::Either::Right(_) => token,
+                    })
+                })
+                .await
+                .unwrap();
+            conn.execute(COMMIT_AND_RESTORE).await.unwrap();
+            let mut tx = conn.begin().await.unwrap();
+            sqlx::query(INSERT_ORDER)
+                .bind(user)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            let done = conn
+                .execute(AssertSqlSafe(lease_complete(&id, token)))
+                .await
+                .unwrap();
+            assert_eq!(done.rows_affected(), 1);
+            conn.execute(COMMIT_AND_RESTORE).await.unwrap();
+        }
+        Variant::MySqlThreeCommit => {
+            let key = Uuid::fresh().0;
+            sqlx::query(THREE_COMMIT_CLAIM)
+                .bind(&key[..])
+                .execute(&mut *conn)
+                .await
+                .unwrap();
+            let mut tx = conn.begin().await.unwrap();
+            sqlx::query(INSERT_ORDER)
+                .bind(user)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            sqlx::query(THREE_COMMIT_FINISH)
+                .bind(BODY)
+                .bind(&key[..])
+                .execute(&mut *conn)
+                .await
+                .unwrap();
         }
         Variant::MySqlReplay => {
             let id = replay.expect("a completed record to replay");

@@ -123,6 +123,7 @@ pub(super) async fn database() -> (OtherDatabase, SocketAddr) {
         bare: Variant::SqliteBare,
         new: Variant::SqliteNew,
         replay: Variant::SqliteReplay,
+        more: Vec::new(),
         ceiling: Box::new(move |variant, concurrency, duration| {
             rate(
                 file.clone(),

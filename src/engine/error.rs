@@ -207,10 +207,13 @@ impl Error {
                         database.try_downcast_ref::<::sqlx::mysql::MySqlDatabaseError>()
                     {
                         return Some(match e.number() {
-                            // Lock wait timeout, deadlock, record changed (MariaDB's
-                            // snapshot isolation), too many connections, shutdown in
-                            // progress, connection killed, query interrupted.
-                            1205 | 1213 | 1020 | 1040 | 1053 | 1927 | 1317 | 4031 => {
+                            // Lock wait timeout, deadlock (and a Galera certification
+                            // failure), record changed (MariaDB's snapshot isolation), too
+                            // many connections, shutdown in progress, connection killed,
+                            // query interrupted; on a Galera node leaving or joining the
+                            // cluster, "WSREP has not yet prepared node for application
+                            // use" (1047) and a failed commit (1180).
+                            1205 | 1213 | 1020 | 1040 | 1053 | 1927 | 1317 | 4031 | 1047 | 1180 => {
                                 Native::Transient
                             }
                             // No such table or column; no such function (1305 also

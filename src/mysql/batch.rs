@@ -3,8 +3,8 @@
 //! and commits, and lease mode's acquisition and completion. They are the statements of
 //! [`sql`] with their `?` parameters inlined as literals — bytes as hex (`X'..'`), text as
 //! hex with its character set (`_utf8mb4 X'..'`), numbers as digits — so no text of a
-//! request is ever spliced into SQL. Each stops at its first error, and each commits, if it
-//! does, in its last statement.
+//! request is ever spliced into SQL. Each stops at its first error. None commits: the
+//! commit is a round trip of its own ([`sql::COMMIT_AND_RESTORE`] says why).
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -82,11 +82,37 @@ fn push(out: &mut String, statement: &str, values: &[Value<'_>]) {
 /// transaction ends, so every twin's locking read waits for it), the savepoint a stored
 /// 4xx rolls back to, and the lock wait timeout restored for the handler. Its errors: 1205
 /// or 3572 (a twin holds the key), 1062 (the key has a record the look-up did not see).
-pub(super) fn claim(id: &[u8], fingerprint: &[u8], lock_wait: u64, wait: bool) -> String {
-    let mut query = sql::begin(Some(lock_wait), false);
-    let lock = if wait { sql::LOCK_WAIT } else { sql::LOCK_NOWAIT };
+///
+/// `causal` (a Galera node): the locking read first waits until this node has applied what
+/// the cluster committed before it ([`sql::CAUSAL_READS`]), so a record committed on
+/// another node is seen (1062 at the placeholder, then the replay) instead of a twin that
+/// loses at certification.
+pub(super) fn claim(
+    id: &[u8],
+    fingerprint: &[u8],
+    lock_wait: u64,
+    wait: bool,
+    causal: bool,
+) -> String {
+    let mut query = String::new();
+    if causal {
+        push(&mut query, sql::CAUSAL_READS, &[]);
+    }
+    push(&mut query, &sql::begin(Some(lock_wait), false), &[]);
+    let lock = if wait {
+        sql::LOCK_WAIT
+    } else {
+        sql::LOCK_NOWAIT
+    };
     push(&mut query, lock, &[Value::Bytes(id)]);
-    push(&mut query, sql::INSERT_PLACEHOLDER, &[Value::Bytes(id), Value::Bytes(fingerprint)]);
+    if causal {
+        push(&mut query, sql::RESTORE_SYNC_WAIT, &[]);
+    }
+    push(
+        &mut query,
+        sql::INSERT_PLACEHOLDER,
+        &[Value::Bytes(id), Value::Bytes(fingerprint)],
+    );
     push(&mut query, sql::WORK_SAVEPOINT, &[]);
     query
 }
@@ -96,7 +122,11 @@ pub(super) fn claim(id: &[u8], fingerprint: &[u8], lock_wait: u64, wait: bool) -
 pub(super) fn replace(id: &[u8], fingerprint: &[u8]) -> String {
     let mut query = String::new();
     push(&mut query, sql::DELETE_REPLACEABLE, &[Value::Bytes(id)]);
-    push(&mut query, sql::INSERT_PLACEHOLDER, &[Value::Bytes(id), Value::Bytes(fingerprint)]);
+    push(
+        &mut query,
+        sql::INSERT_PLACEHOLDER,
+        &[Value::Bytes(id), Value::Bytes(fingerprint)],
+    );
     push(&mut query, sql::WORK_SAVEPOINT, &[]);
     query
 }
@@ -116,11 +146,10 @@ pub(super) fn complete_values<'a>(record: &'a NewRecord<'_>) -> [Value<'a>; 9] {
     ]
 }
 
-/// The completion: the savepoint check (`RELEASE SAVEPOINT`, or for a stored 4xx the
-/// rollback to it: either fails with 1305 when the transaction is gone), the placeholder
-/// turned into the record, and the commit with the session restored — only when that
-/// `UPDATE` changed the placeholder (1231 otherwise, nothing committed). `None`: the record
-/// is too large to inline; see [`INLINE_LIMIT`].
+/// The completion before its commit: the savepoint check (`RELEASE SAVEPOINT`, or for a
+/// stored 4xx the rollback to it: either fails with 1305 when the transaction is gone) and
+/// the placeholder turned into the record (the query's only changed row). `None`: the
+/// record is too large to inline; see [`INLINE_LIMIT`].
 pub(super) fn complete(record: &NewRecord<'_>, discard_handler_writes: bool) -> Option<String> {
     let size = record.headers.len() + record.body.bytes.len();
     if size > INLINE_LIMIT {
@@ -134,15 +163,14 @@ pub(super) fn complete(record: &NewRecord<'_>, discard_handler_writes: bool) -> 
     };
     push(&mut query, check, &[]);
     push(&mut query, sql::COMPLETE, &complete_values(record));
-    push(&mut query, sql::COMMIT_ONE_ROW_AND_RESTORE, &[]);
     Some(query)
 }
 
-/// Lease mode's acquisition of a free key, committed: the transaction begun (lock waits
-/// bounded to one second), the key's locking read (its row, if any, is the answer's only
-/// row), a fencing token drawn from the counter (the statement's `last_insert_id`), the
-/// PROCESSING record inserted under it, and the commit. A key with a record stops it at
-/// the insert (1062) with the row read and locked, the transaction open.
+/// Lease mode's acquisition of a free key, before its commit: the transaction begun (lock
+/// waits bounded to one second), the key's locking read (its row, if any, is the answer's
+/// only row), a fencing token drawn from the counter (the statement's `last_insert_id`),
+/// the PROCESSING record inserted under it, and the lock wait restored. A key with a
+/// record stops it at the insert (1062) with the row read and locked.
 pub(super) fn lease_acquire(record: &NewRecord<'_>, lease: Duration) -> String {
     let id = record.id.as_bytes();
     let mut query = sql::begin(Some(1), false);
@@ -166,13 +194,13 @@ pub(super) fn lease_acquire(record: &NewRecord<'_>, lease: Duration) -> String {
             Value::Int(Some(micros(record.ttl))),
         ],
     );
-    push(&mut query, sql::COMMIT_AND_RESTORE, &[]);
+    push(&mut query, sql::RESTORE_LOCK_WAIT, &[]);
     query
 }
 
 /// Lease mode's takeover, in the transaction [`lease_acquire`] left open on a replaceable
-/// record: the record taken over under `token`, the token it holds read back (its only
-/// row), and the commit.
+/// record, before its commit: the record taken over under `token`, and the token it holds
+/// read back (its only row).
 pub(super) fn lease_take_over(record: &NewRecord<'_>, lease: Duration, token: i64) -> String {
     let id = record.id.as_bytes();
     let mut query = String::new();
@@ -190,13 +218,11 @@ pub(super) fn lease_take_over(record: &NewRecord<'_>, lease: Duration, token: i6
         ],
     );
     push(&mut query, sql::LEASE_TOKEN, &[Value::Bytes(id)]);
-    push(&mut query, sql::COMMIT_AND_RESTORE, &[]);
     query
 }
 
-/// Lease mode's fenced completion, committed only when it changed the holder's record
-/// (1231 otherwise: the lease was taken over, nothing committed); lock waits bounded to one
-/// second. `None`: too large to inline.
+/// Lease mode's fenced completion before its commit, its lock wait bounded to one second:
+/// one changed row if the lease was still the holder's. `None`: too large to inline.
 pub(super) fn lease_complete(record: &NewRecord<'_>, token: i64, end: LeaseEnd) -> Option<String> {
     let size = record.headers.len() + record.body.bytes.len();
     if size > INLINE_LIMIT {
@@ -219,7 +245,7 @@ pub(super) fn lease_complete(record: &NewRecord<'_>, token: i64, end: LeaseEnd) 
             Value::Int(Some(token)),
         ],
     );
-    push(&mut query, sql::COMMIT_ONE_ROW_AND_RESTORE, &[]);
+    push(&mut query, sql::RESTORE_LOCK_WAIT, &[]);
     Some(query)
 }
 
@@ -256,13 +282,18 @@ mod tests {
 
     #[test]
     fn the_claim_stops_before_the_placeholder_when_the_lock_is_refused() {
-        let query = claim(&[1; 16], &[2; 32], 1, false);
+        let query = claim(&[1; 16], &[2; 32], 1, false, false);
         let lock = query.find("FOR UPDATE NOWAIT").unwrap();
         let insert = query.find("INSERT INTO idempotency_records").unwrap();
         let savepoint = query.find("SAVEPOINT axum_idempotency_work").unwrap();
         assert!(query.find("START TRANSACTION").unwrap() < lock);
         assert!(lock < insert && insert < savepoint);
         assert!(!query.contains('?'));
-        assert!(claim(&[1; 16], &[2; 32], 3, true).contains("innodb_lock_wait_timeout = 3"));
+        assert!(claim(&[1; 16], &[2; 32], 3, true, false).contains("innodb_lock_wait_timeout = 3"));
+        let causal = claim(&[1; 16], &[2; 32], 1, false, true);
+        let waits = causal.find("wsrep_sync_wait = 1").unwrap();
+        let restored = causal.rfind("SESSION wsrep_sync_wait = COALESCE").unwrap();
+        assert!(waits < causal.find("FOR UPDATE").unwrap());
+        assert!(restored < causal.find("INSERT INTO").unwrap());
     }
 }

@@ -28,6 +28,9 @@ pub struct MySqlConn {
     conn: Option<PoolConnection<MySql>>,
     /// The crate began a transaction or changed session settings not yet restored.
     dirty: bool,
+    /// The crate may have left `wsrep_sync_wait` changed (a Galera node's claim that
+    /// stopped before restoring it): the rollback restores it too.
+    pub(super) causal: bool,
     pub(super) persistent: bool,
 }
 
@@ -36,6 +39,7 @@ impl MySqlConn {
         Self {
             conn: Some(conn),
             dirty: false,
+            causal: false,
             persistent,
         }
     }
@@ -86,12 +90,13 @@ impl MySqlConn {
     /// round trip; the connection may then go back to the pool. On error it stays dirty,
     /// and is closed when dropped.
     pub(super) async fn finish(&mut self, commit: bool) -> Result<(), ::sqlx::Error> {
-        let end = if commit {
-            sql::COMMIT_AND_RESTORE
-        } else {
-            sql::ROLLBACK_AND_RESTORE
+        let end = match (commit, self.causal) {
+            (true, _) => sql::COMMIT_AND_RESTORE,
+            (false, false) => sql::ROLLBACK_AND_RESTORE,
+            (false, true) => sql::ROLLBACK_AND_RESTORE_ALL,
         };
         self.connection_mut().execute(end).await?;
+        self.causal &= commit;
         self.settle();
         Ok(())
     }
@@ -128,6 +133,7 @@ impl MySqlConn {
         self.dirty = true;
         let mut answered = Answered {
             rows: Vec::new(),
+            rows_affected: 0,
             last_insert_id: 0,
             error: None,
         };
@@ -135,6 +141,7 @@ impl MySqlConn {
         while let Some(item) = stream.next().await {
             match item {
                 Ok(Either::Left(done)) => {
+                    answered.rows_affected += done.rows_affected();
                     answered.last_insert_id = answered.last_insert_id.max(done.last_insert_id());
                 }
                 Ok(Either::Right(row)) => answered.rows.push(row),
@@ -187,6 +194,8 @@ impl std::fmt::Debug for MySqlConn {
 pub(super) struct Answered {
     /// The rows of its statements, in order.
     pub(super) rows: Vec<MySqlRow>,
+    /// The rows its statements changed, together.
+    pub(super) rows_affected: u64,
     /// The largest `last_insert_id` a statement reported (a drawn fencing token).
     pub(super) last_insert_id: u64,
     /// The error that stopped it; `None`: every statement ran.
@@ -213,9 +222,6 @@ pub(super) const NO_SUCH_TABLE: u16 = 1146;
 pub(super) const NO_SUCH_SAVEPOINT: u16 = 1305;
 /// "Transaction characteristics can't be changed while a transaction is in progress".
 pub(super) const TRANSACTION_IN_PROGRESS: u16 = 1568;
-/// A variable set to a value it cannot take: the completion's guard refusing to commit
-/// when the record's `UPDATE` changed no row.
-pub(super) const WRONG_VALUE_FOR_VAR: u16 = 1231;
 
 /// A lock not granted: `NOWAIT` refused (MariaDB 1205, MySQL 3572) or the lock wait
 /// timeout passed (1205).
@@ -270,6 +276,22 @@ impl MySqlStore {
     /// A pooled connection, not yet changed.
     pub(super) async fn acquire(&self) -> Result<MySqlConn, Error> {
         Ok(MySqlConn::new(self.pool.acquire().await?, self.persistent))
+    }
+
+    /// Whether the server is a Galera node, asked on `conn` the first time.
+    pub(super) async fn galera(&self, conn: &mut MySqlConn) -> Result<bool, Error> {
+        let on = self
+            .galera
+            .get_or_try_init(|| async {
+                let row = conn.connection_mut().fetch_optional(sql::WSREP_ON).await?;
+                let on = match row {
+                    Some(row) => ::sqlx::Row::try_get::<String, _>(&row, 1)?,
+                    None => String::new(),
+                };
+                Ok::<_, Error>(on.eq_ignore_ascii_case("ON"))
+            })
+            .await?;
+        Ok(*on)
     }
 
     /// A pooled connection on which `begin` succeeded, [`counted`](MySqlConn::begin) by

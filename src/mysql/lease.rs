@@ -1,25 +1,23 @@
 //! Lease mode on MySQL/MariaDB: the PROCESSING record committed in a short transaction of
 //! its own (the key's row lock, a fencing token from the counter, the insert or takeover),
-//! and its fenced completion — one round trip each for a free key.
+//! and its fenced completion — two round trips each for a free key, the commit alone.
 
 use std::time::Duration;
 
 use ::sqlx::Row;
 
 use super::MySqlStore;
-use super::conn::{
-    COLUMN_CANNOT_BE_NULL, DUPLICATE_KEY, WRONG_VALUE_FOR_VAR, error_number, lock_refused, micros,
-};
+use super::conn::{COLUMN_CANNOT_BE_NULL, DUPLICATE_KEY, error_number, lock_refused, micros};
 use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::record::{LeaseClaim, LeaseEnd, NewRecord};
 use crate::store::{LeaseStore, rows};
 
 impl LeaseStore for MySqlStore {
-    /// One text query for a free key ([`batch::lease_acquire`]): `BEGIN`, the key's locking
-    /// read, the token drawn, the PROCESSING record and the commit. A key with a record
-    /// stops it at the insert, with the row read and locked: then one more for a takeover
-    /// ([`batch::lease_take_over`]), or the rollback.
+    /// For a free key, one text query ([`batch::lease_acquire`]: `BEGIN`, the key's locking
+    /// read, the token drawn, the PROCESSING record) and the commit. A key with a record
+    /// stops that query at the insert, with the row read and locked: then one more for a
+    /// takeover ([`batch::lease_take_over`]) and its commit, or the rollback.
     async fn lease_acquire(
         &self,
         record: &NewRecord<'_>,
@@ -28,7 +26,7 @@ impl LeaseStore for MySqlStore {
         let (mut conn, answered) = self.run(batch::lease_acquire(record, lease)).await?;
         let error = match answered.error {
             None => {
-                conn.settle();
+                conn.finish(true).await?;
                 let token = i64::try_from(answered.last_insert_id).unwrap_or(i64::MAX);
                 return Ok(LeaseClaim::Acquired {
                     token,
@@ -70,7 +68,7 @@ impl LeaseStore for MySqlStore {
             conn.reset().await;
             return Err(error.into());
         }
-        conn.settle();
+        conn.finish(true).await?;
         let token = match took.rows.first() {
             Some(row) => row.try_get(0)?,
             None => drawn,
@@ -81,8 +79,8 @@ impl LeaseStore for MySqlStore {
         })
     }
 
-    /// One text query ([`batch::lease_complete`]): the fenced `UPDATE`, its lock wait
-    /// bounded, committed only when it changed the holder's record.
+    /// One text query ([`batch::lease_complete`]: the fenced `UPDATE`, its lock wait
+    /// bounded), and the commit when it changed the holder's record.
     async fn lease_complete(
         &self,
         record: &NewRecord<'_>,
@@ -105,18 +103,19 @@ impl LeaseStore for MySqlStore {
         };
         let (mut conn, answered) = self.run(query).await?;
         match answered.error {
-            None => {
-                conn.settle();
+            // The holder's record, still under its token.
+            None if answered.rows_affected == 1 => {
+                conn.finish(true).await?;
                 Ok(true)
+            }
+            // The lease was taken over: nothing to commit.
+            None => {
+                conn.reset().await;
+                Ok(false)
             }
             Some(error) => {
                 conn.reset().await;
-                if error_number(&error) == Some(WRONG_VALUE_FOR_VAR) {
-                    // The `UPDATE` changed no row: the lease was taken over.
-                    Ok(false)
-                } else {
-                    Err(error.into())
-                }
+                Err(error.into())
             }
         }
     }

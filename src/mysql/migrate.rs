@@ -71,6 +71,42 @@ async fn check_server(conn: &mut MySqlConnection) -> Result<(), Error> {
              than it cannot be stored; raise max_allowed_packet on the server"
         );
     }
+    check_galera(conn).await
+}
+
+/// On a Galera node: row-based replication (without it the node replicates nothing the
+/// crate writes) and interleaved auto-increments (else concurrent inserts on two nodes
+/// conflict on the table's auto-increment lock).
+async fn check_galera(conn: &mut MySqlConnection) -> Result<(), Error> {
+    let on: Option<String> = match conn.fetch_optional(sql::WSREP_ON).await? {
+        Some(row) => Some(row.try_get(1)?),
+        None => None,
+    };
+    if !on.is_some_and(|on| on.eq_ignore_ascii_case("ON")) {
+        return Ok(());
+    }
+    let row = conn.fetch_one(sql::GALERA_SETTINGS).await?;
+    let binlog_format: String = row.try_get(0)?;
+    let autoinc_lock_mode: i64 = row.try_get(1)?;
+    let sync_wait: i64 = row.try_get(2)?;
+    if !binlog_format.eq_ignore_ascii_case("ROW") {
+        return Err(Error::Unsupported(format!(
+            "this Galera node runs binlog_format={binlog_format}; Galera replicates only \
+             row-based events: set binlog_format=ROW on every node"
+        )));
+    }
+    if autoinc_lock_mode != 2 {
+        tracing::warn!(
+            innodb_autoinc_lock_mode = autoinc_lock_mode,
+            "Galera wants innodb_autoinc_lock_mode=2 (interleaved): with another mode, inserts \
+             into an AUTO_INCREMENT table (the outbox) on two nodes at once conflict"
+        );
+    }
+    tracing::info!(
+        wsrep_sync_wait = sync_wait,
+        "a Galera node: the claim reads with wsrep_sync_wait=1, so a key committed on another \
+         node is replayed here; other reads keep the node's setting"
+    );
     Ok(())
 }
 

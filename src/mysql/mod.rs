@@ -136,6 +136,8 @@ use crate::store::IntoStore;
 pub struct MySqlStore {
     pool: MySqlPool,
     persistent: bool,
+    /// Whether the server is a Galera node (`wsrep_on`), asked once, on the first claim.
+    galera: std::sync::Arc<tokio::sync::OnceCell<bool>>,
 }
 
 impl MySqlStore {
@@ -144,6 +146,7 @@ impl MySqlStore {
         Self {
             pool,
             persistent: true,
+            galera: Default::default(),
         }
     }
 }

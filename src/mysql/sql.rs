@@ -68,26 +68,32 @@ macro_rules! restore_lock_wait {
     };
 }
 
-/// Commits and restores the session the crate changed, in one statement: turning
-/// `autocommit` back on commits the open transaction, and its failure (a deadlock, or a
-/// Galera certification failure) is that statement's error. The commit is the last thing
-/// the query does, so no later statement can stand between the failure and its answer.
+/// Commits and restores the session the crate changed, in one statement sent alone:
+/// turning `autocommit` back on commits the open transaction, and its failure (a deadlock,
+/// or a Galera certification failure) is that statement's error. On Galera a commit that
+/// shares its text query with other statements can lose its error — the commit reported
+/// done, the transaction rolled back — even as the query's last statement
+/// (`tests/galera/commit_errors.py` measures each shape), so nothing rides with this one.
 pub(super) const COMMIT_AND_RESTORE: &str =
     concat!("SET ", restore_lock_wait!(), ", SESSION autocommit = 1");
 
-/// The same, committing only when the statement before it changed exactly one row (the
-/// record): otherwise setting `autocommit` to 2 fails (1231), and nothing is committed.
-pub(super) const COMMIT_ONE_ROW_AND_RESTORE: &str = concat!(
-    "SET ",
-    restore_lock_wait!(),
-    ", SESSION autocommit = IF(ROW_COUNT() = 1, 1, 2)"
-);
+/// Restores the lock wait timeout inside a transaction, without committing it: the end of
+/// a text query whose commit follows on its own.
+pub(super) const RESTORE_LOCK_WAIT: &str = concat!("SET ", restore_lock_wait!());
 
 /// Rolls back and restores the session the crate changed.
 pub(super) const ROLLBACK_AND_RESTORE: &str = concat!(
     "ROLLBACK; SET ",
     restore_lock_wait!(),
     ", SESSION autocommit = 1"
+);
+/// The same, with a Galera node's `wsrep_sync_wait` too ([`CAUSAL_READS`]).
+pub(super) const ROLLBACK_AND_RESTORE_ALL: &str = concat!(
+    "ROLLBACK; SET ",
+    restore_lock_wait!(),
+    ", SESSION autocommit = 1, SESSION wsrep_sync_wait = \
+     COALESCE(@axum_idempotency_sync_wait, @@SESSION.wsrep_sync_wait), \
+     @axum_idempotency_sync_wait = NULL"
 );
 
 /// Taken right after the key's (or message's) row lock; a stored 4xx and a failed inbox
@@ -120,7 +126,8 @@ macro_rules! record_columns {
 pub(super) const LOOKUP: &str = record_columns!();
 /// The key's row lock, refused at once if another transaction holds it (a twin's
 /// placeholder); `FOR UPDATE` waits instead (`wait_for_in_flight`). `?` id.
-pub(super) const LOCK_NOWAIT: &str = "SELECT 1 FROM idempotency_records WHERE id = ? FOR UPDATE NOWAIT";
+pub(super) const LOCK_NOWAIT: &str =
+    "SELECT 1 FROM idempotency_records WHERE id = ? FOR UPDATE NOWAIT";
 /// The key's row lock, waited for up to the session's `innodb_lock_wait_timeout`. `?` id.
 pub(super) const LOCK_WAIT: &str = "SELECT 1 FROM idempotency_records WHERE id = ? FOR UPDATE";
 /// Removes the replaceable record the claim found, under its lock. `?` id.
@@ -545,8 +552,27 @@ pub(super) const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(?)";
 pub(super) const SCHEMA_VERSION: &str =
     "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM axum_idempotency_migrations";
 /// Records an applied version. `?` version, name.
+/// (A row another node's `migrate` wrote at the same time is kept: `GET_LOCK` is
+/// node-local on Galera, and every migration statement is safe to run twice.)
 pub(super) const RECORD_MIGRATION: &str = "INSERT INTO axum_idempotency_migrations \
-    (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6))";
+    (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6)) \
+    ON DUPLICATE KEY UPDATE version = version";
 /// The server's version and packet limit, checked by `migrate`.
 pub(super) const SERVER_SETTINGS: &str =
     "SELECT VERSION(), CAST(@@GLOBAL.max_allowed_packet AS SIGNED)";
+/// Whether the server is a Galera node: one row (`wsrep_on`, `ON`) on a MariaDB Galera
+/// node, `OFF` on a MariaDB without it, none on MySQL.
+pub(super) const WSREP_ON: &str = "SHOW GLOBAL VARIABLES LIKE 'wsrep_on'";
+/// A Galera node's settings the crate relies on: `binlog_format`, `innodb_autoinc_lock_mode`
+/// and the node's default `wsrep_sync_wait`.
+pub(super) const GALERA_SETTINGS: &str = "SELECT @@GLOBAL.binlog_format, \
+    CAST(@@GLOBAL.innodb_autoinc_lock_mode AS SIGNED), CAST(@@GLOBAL.wsrep_sync_wait AS SIGNED)";
+/// On a Galera node, the claim's reads wait until the node has applied every write set the
+/// cluster committed before them (`wsrep_sync_wait = 1`), so a key committed on another
+/// node a moment ago is seen here; the session's own setting is kept and restored.
+pub(super) const CAUSAL_READS: &str = "SET @axum_idempotency_sync_wait = @@SESSION.wsrep_sync_wait, \
+    SESSION wsrep_sync_wait = 1";
+/// The session's `wsrep_sync_wait` as the crate found it.
+pub(super) const RESTORE_SYNC_WAIT: &str = "SET SESSION wsrep_sync_wait = \
+    COALESCE(@axum_idempotency_sync_wait, @@SESSION.wsrep_sync_wait), \
+    @axum_idempotency_sync_wait = NULL";

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::mysql::MySqlRow;
-use ::sqlx::{AssertSqlSafe, Executor, MySqlConnection, Row};
+use ::sqlx::{Executor, MySqlConnection, Row};
 
 use super::MySqlStore;
 use super::conn::{
-    DUPLICATE_KEY, MySqlConn, NO_SUCH_SAVEPOINT, NO_SUCH_TABLE, WRONG_VALUE_FOR_VAR, error_number,
-    lock_refused, lock_wait_seconds, micros, savepoint_error, statement, transaction_lost,
+    DUPLICATE_KEY, MySqlConn, NO_SUCH_TABLE, error_number, lock_refused, lock_wait_seconds, micros,
+    savepoint_error, statement, transaction_lost,
 };
 use super::tx::MySqlTx;
 use super::{batch, sql};
@@ -25,21 +25,20 @@ use crate::store::{Store, rows};
 
 impl_row!(MySqlRow, ::sqlx::Error);
 
-/// The completion of a record too large to inline: the savepoint check, the bound
-/// `UPDATE`, and the commit that [`sql::COMMIT_ONE_ROW_AND_RESTORE`] refuses unless that
-/// `UPDATE` changed one row — three round trips.
+/// The completion of a record too large to inline, before its commit: the savepoint
+/// check and the bound `UPDATE` — two round trips; the rows it changed.
 async fn complete_bound(
     conn: &mut MySqlConn,
     record: &NewRecord<'_>,
     discard: bool,
-) -> Result<(), ::sqlx::Error> {
+) -> Result<u64, ::sqlx::Error> {
     let check = if discard {
         sql::ROLLBACK_WORK
     } else {
         sql::RELEASE_WORK
     };
     conn.connection_mut().execute(check).await?;
-    statement(sql::COMPLETE, conn.persistent)
+    let done = statement(sql::COMPLETE, conn.persistent)
         .bind(record.scope)
         .bind(record.raw_key)
         .bind(&record.fingerprint.0[..])
@@ -51,10 +50,7 @@ async fn complete_bound(
         .bind(&record.id.as_bytes()[..])
         .execute(conn.connection_mut())
         .await?;
-    conn.connection_mut()
-        .execute(sql::COMMIT_ONE_ROW_AND_RESTORE)
-        .await?;
-    Ok(())
+    Ok(done.rows_affected())
 }
 
 impl Store for MySqlStore {
@@ -106,7 +102,15 @@ impl Store for MySqlStore {
                 // Outside any transaction: the connection goes back to the pool as it is.
                 return Ok((claim, conn));
             }
-            let claim = batch::claim(key, &fingerprint.0, lock_wait_seconds(wait), wait.is_some());
+            let causal = self.galera(&mut conn).await?;
+            let claim = batch::claim(
+                key,
+                &fingerprint.0,
+                lock_wait_seconds(wait),
+                wait.is_some(),
+                causal,
+            );
+            conn.causal = causal;
             match conn.begin(claim).await {
                 Ok(()) => return Ok((Claim::Run { replaces: false }, conn)),
                 Err(e) if lock_refused(&e) => {
@@ -140,43 +144,37 @@ impl Store for MySqlStore {
     }
 
     /// One text query ([`batch::complete`]): the savepoint check (`RELEASE SAVEPOINT`, or
-    /// for a stored 4xx the rollback to it), the placeholder's `UPDATE` into the record,
-    /// and the commit with the session restored.
+    /// for a stored 4xx the rollback to it) and the placeholder's `UPDATE` into the record;
+    /// then the commit, alone, with the session restored.
     async fn commit(
         conn: &mut MySqlConn,
         record: &NewRecord<'_>,
         completion: Completion,
     ) -> Result<(), CommitError> {
         let discard = completion.discard_handler_writes.is_some();
-        let done = match batch::complete(record, discard) {
-            Some(query) => conn
-                .connection_mut()
-                .execute(AssertSqlSafe(query))
-                .await
-                .map(drop),
+        let written = match batch::complete(record, discard) {
+            Some(query) => {
+                let answered = conn.run(query).await;
+                match answered.error {
+                    None => Ok(answered.rows_affected),
+                    Some(e) => Err(e),
+                }
+            }
             None => complete_bound(conn, record, discard).await,
         };
-        match done {
-            Ok(()) => {
-                conn.settle();
-                Ok(())
-            }
-            Err(e) => {
-                conn.reset().await;
-                let lost = matches!(
-                    error_number(&e),
-                    Some(NO_SUCH_SAVEPOINT | WRONG_VALUE_FOR_VAR)
-                );
-                // The savepoint gone, or the placeholder with it (the `UPDATE` changed no
-                // row): the server rolled the transaction back under the handler, and what
-                // the handler sent since is in a transaction of its own, rolled back here.
-                Err(CommitError::Failed(if lost {
-                    transaction_lost()
-                } else {
-                    Error::Sqlx(e)
-                }))
-            }
-        }
+        let failed = match written {
+            Ok(1) => match conn.finish(true).await {
+                Ok(()) => return Ok(()),
+                Err(e) => Error::Sqlx(e),
+            },
+            // The placeholder went with the transaction: what the handler sent since is in a
+            // transaction of its own, rolled back below.
+            Ok(_) => transaction_lost(),
+            // The savepoint gone: so is the transaction.
+            Err(e) => savepoint_error(e),
+        };
+        conn.reset().await;
+        Err(CommitError::Failed(failed))
     }
 
     /// `BEGIN` (READ COMMITTED, `autocommit = 0`) and a savepoint, in one round trip.
