@@ -31,6 +31,9 @@ pub struct MySqlConn {
     /// The crate may have left `wsrep_sync_wait` changed (a Galera node's claim that
     /// stopped before restoring it): the rollback restores it too.
     pub(super) causal: bool,
+    /// The connection is to a Galera node: the completion reads its record back after the
+    /// commit (see `Store::commit`).
+    pub(super) galera: bool,
     pub(super) persistent: bool,
 }
 
@@ -40,6 +43,7 @@ impl MySqlConn {
             conn: Some(conn),
             dirty: false,
             causal: false,
+            galera: false,
             persistent,
         }
     }
@@ -214,6 +218,8 @@ pub(super) fn error_number(error: &::sqlx::Error) -> Option<u16> {
 
 /// Duplicate key.
 pub(super) const DUPLICATE_KEY: u16 = 1062;
+/// A deadlock, or on Galera a certification failure: the transaction was rolled back.
+pub(super) const DEADLOCK: u16 = 1213;
 /// A `NOT NULL` column given `NULL`: lease mode's token when the counter row is missing.
 pub(super) const COLUMN_CANNOT_BE_NULL: u16 = 1048;
 /// No such table.

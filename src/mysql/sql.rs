@@ -122,6 +122,9 @@ macro_rules! record_columns {
     };
 }
 
+/// A record's stored answer: status, headers, body. `?` id.
+pub(super) const RECORD_RESPONSE: &str =
+    "SELECT status, headers, body FROM idempotency_records WHERE id = ? AND state = 'SUCCESS'";
 /// A record's claim columns, outside any transaction. `?` id.
 pub(super) const LOOKUP: &str = record_columns!();
 /// The key's row lock, refused at once if another transaction holds it (a twin's

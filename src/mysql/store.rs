@@ -10,8 +10,8 @@ use ::sqlx::{Executor, MySqlConnection, Row};
 
 use super::MySqlStore;
 use super::conn::{
-    DUPLICATE_KEY, MySqlConn, NO_SUCH_TABLE, error_number, lock_refused, lock_wait_seconds, micros,
-    savepoint_error, statement, transaction_lost,
+    DEADLOCK, DUPLICATE_KEY, MySqlConn, NO_SUCH_TABLE, error_number, lock_refused,
+    lock_wait_seconds, micros, savepoint_error, statement, transaction_lost,
 };
 use super::tx::MySqlTx;
 use super::{batch, sql};
@@ -51,6 +51,43 @@ async fn complete_bound(
         .execute(conn.connection_mut())
         .await?;
     Ok(done.rows_affected())
+}
+
+/// On a Galera node, the record read back after the commit. A twin on another node whose
+/// commit certified first rolls this transaction back, and Galera does not always report
+/// it: a brute-force abort that lands while a text query of several statements runs can
+/// end that transaction with no error, and the rest of the query (and the commit) then run
+/// outside it (`tests/galera.rs` meets it). The record the node now holds says what
+/// happened: this request's answer (committed, or a twin's byte for byte the same, which is
+/// as true), or another one — then this request lost, and is answered as the twin's
+/// duplicate.
+async fn verify_record(conn: &mut MySqlConn, record: &NewRecord<'_>) -> Result<(), CommitError> {
+    let row = statement(sql::RECORD_RESPONSE, conn.persistent)
+        .bind(&record.id.as_bytes()[..])
+        .fetch_optional(conn.connection_mut())
+        .await
+        .map_err(|e| CommitError::Failed(e.into()))?;
+    let ours = match &row {
+        Some(row) => {
+            let status: i16 = row.try_get(0).map_err(|e| CommitError::Failed(e.into()))?;
+            let headers: Vec<u8> = row.try_get(1).map_err(|e| CommitError::Failed(e.into()))?;
+            let body: Vec<u8> = row.try_get(2).map_err(|e| CommitError::Failed(e.into()))?;
+            i32::from(status) == i32::from(record.status.as_u16())
+                && headers == record.headers
+                && body[..] == record.body.bytes[..]
+        }
+        None => false,
+    };
+    if ours {
+        Ok(())
+    } else {
+        tracing::warn!(
+            record = %record.id,
+            "the commit was answered OK but the node holds another answer for the key: a twin \
+             on another Galera node won, and this transaction was rolled back"
+        );
+        Err(CommitError::Conflict)
+    }
 }
 
 impl Store for MySqlStore {
@@ -111,6 +148,7 @@ impl Store for MySqlStore {
                 causal,
             );
             conn.causal = causal;
+            conn.galera = causal;
             match conn.begin(claim).await {
                 Ok(()) => return Ok((Claim::Run { replaces: false }, conn)),
                 Err(e) if lock_refused(&e) => {
@@ -164,7 +202,14 @@ impl Store for MySqlStore {
         };
         let failed = match written {
             Ok(1) => match conn.finish(true).await {
-                Ok(()) => return Ok(()),
+                Ok(()) if !conn.galera => return Ok(()),
+                Ok(()) => return verify_record(conn, record).await,
+                // A Galera certification failure: a twin on another node committed first.
+                // Answered from its record (or 409 while this node has not applied it).
+                Err(e) if conn.galera && error_number(&e) == Some(DEADLOCK) => {
+                    conn.reset().await;
+                    return Err(CommitError::Conflict);
+                }
                 Err(e) => Error::Sqlx(e),
             },
             // The placeholder went with the transaction: what the handler sent since is in a

@@ -1,0 +1,3 @@
+START TRANSACTION
+INSERT INTO orders (user_id, amount) VALUES (1, 2)
+COMMIT

@@ -1,0 +1,1 @@
+SET @id = UNHEX(MD5(FLOOR(1 + RAND() * 10000))); SELECT status, headers, body, fingerprint, expires_at <= UTC_TIMESTAMP(6), state, retryable, CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) / 1000000) AS SIGNED), CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 AS DOUBLE), body_key_id FROM idempotency_records WHERE id = @id
