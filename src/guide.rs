@@ -10,7 +10,7 @@
 //! | [`rabbitmq_cluster`] | running with a RabbitMQ cluster: quorum queues, what a confirm guarantees, several addresses, a node failure step by step, why the Inbox is still required, `x-delivery-limit` and `max_attempts` |
 //! | `client` (feature `client`) | calling an idempotent API: one key per intent, what to retry, the retrying `reqwest-middleware` middleware |
 //! | `openapi` (feature `utoipa`) | declaring the contract in a utoipa OpenAPI document: the header, the problem responses and their codes, `Idempotent-Replayed` |
-//! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling |
+//! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling, Galera |
 //! | [`failover`] | running with a standby: a multi-host URL, what clients see during a failover, durability with synchronous and asynchronous replication |
 //! | [`monitoring`] | the Grafana dashboard and Prometheus alerts shipped in `monitoring/`: wiring the recorder, importing the dashboard, loading the rules, and a runbook for every alert |
 //! | `console` (feature `console`) | the troubleshooting console: mounting it behind your auth, its pages and actions, CSRF and CSP, the index behind every list |

@@ -297,7 +297,7 @@ async fn twins_across_nodes(a: &str, b: &str, reader: &MySqlPool) {
     }
     for (amount, order) in &named {
         let orders = orders_of(reader, *amount).await;
-        if orders != [order.clone()] {
+        if orders.as_slice() != std::slice::from_ref(order) {
             let records: Vec<(Vec<u8>, String)> =
                 sqlx::query_as("SELECT body, state FROM idempotency_records WHERE body LIKE ?")
                     .bind(format!("%\"amount\":{amount}%"))
@@ -315,8 +315,8 @@ async fn twins_across_nodes(a: &str, b: &str, reader: &MySqlPool) {
             println!("orders: {} rows", all.len());
         }
         assert_eq!(
-            orders,
-            [order.clone()],
+            orders.as_slice(),
+            std::slice::from_ref(order),
             "a 201 named {order}, which is not the order in the database"
         );
     }

@@ -30,20 +30,40 @@
 //!
 //! The record's primary key arbitrates, with the record's row inserted at the start of the
 //! request's transaction. The claim first looks the record up outside any transaction (a
-//! replay, a 422 or a 409 for a leased key needs nothing more). Otherwise it begins a READ
-//! COMMITTED transaction and takes the key's row lock with `SELECT ... FOR UPDATE NOWAIT` —
-//! a locking read sees the latest committed row, and is refused at once by a twin's
-//! uncommitted row (409, as on PostgreSQL); with
-//! [`wait_for_in_flight`](crate::IdempotencyLayer) it waits instead, bounded by
-//! `innodb_lock_wait_timeout` set to the wait in whole seconds (at least 1) and restored
-//! before the handler runs. It then inserts a placeholder row for the key (PROCESSING, no
-//! lease), which InnoDB holds locked until the transaction ends, so every twin's locking
-//! read waits for it; a duplicate-key error on that insert means a twin committed in
-//! between, and the claim answers from its record. A savepoint after the placeholder lets
-//! a stored 4xx discard the handler's writes and keep the key. The completion turns the
-//! placeholder into the record (an `UPDATE`) and commits. `GET_LOCK` is not used for
-//! requests or messages: it is session-scoped (it outlives the transaction and leaks
-//! through the pool) and node-local in a Galera cluster. No lock outlives its request.
+//! replay, a 422 or a 409 for a leased key needs nothing more). For a new key it then sends
+//! one text query of several statements: it begins a READ COMMITTED transaction, takes the
+//! key's row lock with `SELECT ... FOR UPDATE NOWAIT` — a locking read sees the latest
+//! committed row, and is refused at once by a twin's uncommitted row (409, as on
+//! PostgreSQL); with [`wait_for_in_flight`](crate::IdempotencyLayer) it waits instead,
+//! bounded by `innodb_lock_wait_timeout` set to the wait in whole seconds (at least 1) —
+//! inserts a placeholder row for the key (PROCESSING, no lease), which InnoDB holds locked
+//! until the transaction ends, so every twin's locking read waits for it, takes a savepoint
+//! (a stored 4xx rolls back to it and keeps the key) and restores the lock wait timeout
+//! before the handler runs. A duplicate-key error at the placeholder means a record the
+//! look-up did not see (one committed since, or one the claim may replace): the claim reads
+//! it under its lock and answers from it, or replaces it. After the handler, one more text
+//! query checks the savepoint and turns the placeholder into the record (an `UPDATE` by the
+//! primary key), and the commit follows as a statement of its own. Values travel inlined as
+//! literals — bytes as hex, text as hex with its character set, never request text spliced
+//! into SQL; a record over 1 MiB is written with a bound statement instead.
+//! `GET_LOCK` is not used for requests or messages: it is session-scoped (it outlives the
+//! transaction and leaks through the pool) and node-local in a Galera cluster. No lock
+//! outlives its request.
+//!
+//! A new key costs five round trips before its answer — the look-up, the claim, the
+//! handler's own statements, the completion, the commit — and sqlx's no-op `ROLLBACK` with
+//! the pool's release check; a replay costs the look-up. Why the commit travels alone:
+//! on Galera a commit that shares its text query with other statements can be answered OK
+//! although certification rolled it back (`tests/galera/commit_errors.py` measures each
+//! shape). Why the placeholder (a second write of the record's row): it is what answers an
+//! in-flight twin 409 at once; `benches/mysql-shapes/` measures each shape in the database
+//! alone.
+//!
+//! A pooled connection that comes out of the pool inside a transaction nobody ended — a
+//! caller's future dropped while its `BEGIN` was in flight leaves one, as sqlx counts a
+//! transaction only once `BEGIN`'s answer has arrived — refuses the claim's first
+//! `SET TRANSACTION` (1568). The claim closes it (which rolls that transaction back) and
+//! starts again on another connection.
 //!
 //! # A transaction the server took away
 //!
@@ -56,10 +76,10 @@
 //! that its savepoint still exists (`RELEASE SAVEPOINT` fails when the transaction is
 //! gone) and that the placeholder's `UPDATE` matched it; either way a lost transaction is
 //! answered 503 with `Retry-After` (a transient error), and nothing of the request
-//! remains. The session's settings (`autocommit`, `innodb_lock_wait_timeout`) are restored
-//! with the `COMMIT` or `ROLLBACK` in one round trip; on any other path — an error, a
-//! dropped future, a panic — the connection is closed instead of going back to the pool,
-//! and the server rolls its transaction back.
+//! remains. The commit is `autocommit` turned back on (which commits), in the same
+//! statement as the restored lock wait timeout; a rollback restores the session in its
+//! round trip. On any other path — an error, a dropped future, a panic — the connection is
+//! closed instead of going back to the pool, and the server rolls its transaction back.
 //!
 //! # Isolation, and MariaDB 11.6's snapshot isolation
 //!
@@ -99,10 +119,21 @@
 //! one packet). Concurrent `migrate` calls wait for each other on a `GET_LOCK` held by a
 //! connection of their own, released (or that connection closed) before they return.
 //!
-//! sqlx cannot pipeline: a new key costs the lookup, the `BEGIN` (with the session
-//! settings), the locking read, the placeholder and the savepoint before the handler's
-//! first statement, and the savepoint check, the record and the `COMMIT` after it. Do not
-//! end the transaction yourself through `&mut *tx` (nested `sqlx::Connection::begin`
+//! # Galera
+//!
+//! On a Galera node (`wsrep_on`, asked once per store) the claim's locking read waits
+//! until the node has applied what the cluster committed before it (`wsrep_sync_wait = 1`
+//! for that read only), so a key committed on another node a moment ago is replayed here
+//! rather than run again. Twins on two nodes each hold only their own node's row lock; the
+//! one whose commit certifies second is rolled back (error 1213) and answered from the
+//! winner's record (409 while this node has not applied it yet). After the commit the
+//! record is read back: a rolled-back transaction must never be answered as committed,
+//! whatever Galera reported. `migrate` refuses a node without `binlog_format=ROW` and warns
+//! without `innodb_autoinc_lock_mode=2`. 1047 ("WSREP has not yet prepared node for
+//! application use") and 1180 are transient. The operations guide's "Galera" section has
+//! the settings and what a client sees while a node leaves.
+//!
+//! Do not end the transaction yourself through `&mut *tx` (nested `sqlx::Connection::begin`
 //! savepoints are fine).
 
 mod batch;
