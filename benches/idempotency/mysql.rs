@@ -35,21 +35,18 @@ const LOOKUP: &str = "SELECT status, headers, body, fingerprint, expires_at <= U
     / 1000000) AS SIGNED), \
     CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 AS DOUBLE), \
     body_key_id FROM idempotency_records WHERE id = ?";
-/// `batch::claim` (the layer's default: no `wait_for_in_flight`, so a lock wait of 1 s):
-/// one text query — the session settings, `START TRANSACTION`, the key's row lock, the
-/// placeholder, the savepoint and the lock wait restored.
+/// `batch::claim` on MariaDB (the layer's default: no `wait_for_in_flight`): one text
+/// query — `autocommit` off, READ COMMITTED, `START TRANSACTION`, the placeholder (the
+/// key's lock, refused at once while a twin holds it) and the savepoint.
 fn claim(id: &[u8]) -> String {
     format!(
-        "SET @axum_idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
-         SESSION innodb_lock_wait_timeout = 1, SESSION autocommit = 0; \
-         SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
-         SELECT 1 FROM idempotency_records WHERE id = {id} FOR UPDATE NOWAIT; \
+        "SET SESSION autocommit = 0; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+         START TRANSACTION; SET STATEMENT innodb_lock_wait_timeout = 0 FOR \
          INSERT INTO idempotency_records \
          (id, scope, fingerprint, status, headers, body, state, created_at, updated_at, \
           expires_at) VALUES ({id}, '', {fingerprint}, 0, '', '', 'PROCESSING', \
          UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)); \
-         SAVEPOINT axum_idempotency_work; SET SESSION innodb_lock_wait_timeout = \
-         COALESCE(@axum_idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout)",
+         SAVEPOINT axum_idempotency_work",
         id = hex(id),
         fingerprint = hex(FINGERPRINT),
     )
@@ -96,7 +93,7 @@ fn lease_acquire(id: &[u8]) -> String {
          IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL), UTC_TIMESTAMP(6) + INTERVAL 30000000 \
          MICROSECOND, 0, '', '', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + \
          INTERVAL 86400000000 MICROSECOND); \
-         SET SESSION innodb_lock_wait_timeout = COALESCE(@axum_idempotency_lock_wait, \
+         SET SESSION innodb_lock_wait_timeout = COALESCE(CAST(@axum_idempotency_lock_wait AS UNSIGNED), \
          @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL",
         id = hex(id),
         fingerprint = hex(FINGERPRINT),
@@ -115,7 +112,7 @@ fn lease_complete(id: &[u8], token: u64) -> String {
          body_key_id = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6), \
          expires_at = UTC_TIMESTAMP(6) + INTERVAL 86400000000 MICROSECOND \
          WHERE id = {id} AND fencing_token = {token} AND state = 'PROCESSING'; \
-         SET SESSION innodb_lock_wait_timeout = COALESCE(@axum_idempotency_lock_wait, \
+         SET SESSION innodb_lock_wait_timeout = COALESCE(CAST(@axum_idempotency_lock_wait AS UNSIGNED), \
          @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL",
         id = hex(id),
         headers = hex(HEADERS),
@@ -125,7 +122,7 @@ fn lease_complete(id: &[u8], token: u64) -> String {
 
 /// `sql::COMMIT_AND_RESTORE`: the commit, alone.
 const COMMIT_AND_RESTORE: &str = "SET SESSION innodb_lock_wait_timeout = \
-    COALESCE(@axum_idempotency_lock_wait, @@SESSION.innodb_lock_wait_timeout), \
+    COALESCE(CAST(@axum_idempotency_lock_wait AS UNSIGNED), @@SESSION.innodb_lock_wait_timeout), \
     @axum_idempotency_lock_wait = NULL, SESSION autocommit = 1";
 
 /// `X'…'`.

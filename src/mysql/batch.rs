@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::conn::micros;
+use super::conn::{Server, micros};
 use super::sql;
 use crate::engine::record::{LeaseEnd, NewRecord};
 
@@ -76,57 +76,75 @@ fn push(out: &mut String, statement: &str, values: &[Value<'_>]) {
     assert!(values.next().is_none(), "a parameter for every value");
 }
 
-/// The claim of a new key: the transaction begun (its lock waits bounded to `lock_wait`
-/// seconds), the key's row lock taken — refused at once while a twin holds it (`NOWAIT`),
-/// or waited for with `wait` — the placeholder inserted (InnoDB holds it locked until the
-/// transaction ends, so every twin's locking read waits for it), the savepoint a stored
-/// 4xx rolls back to, and the lock wait timeout restored for the handler. Its errors: 1205
-/// or 3572 (a twin holds the key), 1062 (the key has a record the look-up did not see).
+/// The claim of a new key: the transaction begun, the key held, the placeholder inserted
+/// (InnoDB holds it locked until the transaction ends, so a twin waits for it or is
+/// refused), the savepoint a stored 4xx rolls back to. Its errors: 1205 or 3572 (a twin
+/// holds the key), 1062 (the key has a record the look-up did not see). `wait`: how long
+/// a twin may wait for the key, in whole seconds (`None`: refused at once).
 ///
-/// `causal` (a Galera node): the locking read first waits until this node has applied what
-/// the cluster committed before it ([`sql::CAUSAL_READS`]), so a record committed on
-/// another node is seen (1062 at the placeholder, then the replay) instead of a twin that
-/// loses at certification.
-pub(super) fn claim(
-    id: &[u8],
-    fingerprint: &[u8],
-    lock_wait: u64,
-    wait: bool,
-    causal: bool,
-) -> String {
+/// On MariaDB the placeholder's insert is the lock: it waits at most `wait` (0: refused at
+/// once) through `SET STATEMENT`, and the session's timeout is never touched. On MySQL,
+/// whose lock wait timeout cannot be 0, the key's locking read (`NOWAIT`, or `FOR UPDATE`
+/// bounded by the session's timeout, set for the claim and restored before the handler)
+/// comes first. On a Galera node that read first waits until the node has applied what the
+/// cluster committed before it ([`sql::CAUSAL_READS`]), so a record committed on another
+/// node is seen (1062 at the placeholder, then the replay) instead of a twin that loses at
+/// certification.
+pub(super) fn claim(id: &[u8], fingerprint: &[u8], wait: Option<u64>, server: Server) -> String {
     let mut query = String::new();
-    if causal {
+    let placeholder = [Value::Bytes(id), Value::Bytes(fingerprint)];
+    if server.mariadb && !server.galera {
+        push(&mut query, sql::BEGIN_MARIADB, &[]);
+        let insert = format!(
+            "SET STATEMENT innodb_lock_wait_timeout = {} FOR {}",
+            wait.unwrap_or(0),
+            sql::INSERT_PLACEHOLDER
+        );
+        push(&mut query, &insert, &placeholder);
+        push(&mut query, sql::SAVEPOINT, &[]);
+        return query;
+    }
+    if server.galera {
         push(&mut query, sql::CAUSAL_READS, &[]);
     }
-    push(&mut query, &sql::begin(Some(lock_wait), false), &[]);
-    let lock = if wait {
+    push(&mut query, &sql::begin(Some(wait.unwrap_or(1)), false), &[]);
+    let lock = if wait.is_some() {
         sql::LOCK_WAIT
     } else {
         sql::LOCK_NOWAIT
     };
     push(&mut query, lock, &[Value::Bytes(id)]);
-    if causal {
+    if server.galera {
         push(&mut query, sql::RESTORE_SYNC_WAIT, &[]);
     }
-    push(
-        &mut query,
-        sql::INSERT_PLACEHOLDER,
-        &[Value::Bytes(id), Value::Bytes(fingerprint)],
-    );
+    push(&mut query, sql::INSERT_PLACEHOLDER, &placeholder);
     push(&mut query, sql::WORK_SAVEPOINT, &[]);
     query
 }
 
 /// The claim of a key whose replaceable record the claim found under its lock: the record
-/// deleted, the placeholder inserted, the savepoint taken and the lock wait restored.
-pub(super) fn replace(id: &[u8], fingerprint: &[u8]) -> String {
+/// deleted, the placeholder inserted, the savepoint taken (and on MySQL the lock wait
+/// timeout restored), each lock wait bounded to one second.
+pub(super) fn replace(id: &[u8], fingerprint: &[u8], server: Server) -> String {
     let mut query = String::new();
+    let placeholder = [Value::Bytes(id), Value::Bytes(fingerprint)];
+    if server.mariadb && !server.galera {
+        let bounded = "SET STATEMENT innodb_lock_wait_timeout = 1 FOR ";
+        push(
+            &mut query,
+            &format!("{bounded}{}", sql::DELETE_REPLACEABLE),
+            &[Value::Bytes(id)],
+        );
+        push(
+            &mut query,
+            &format!("{bounded}{}", sql::INSERT_PLACEHOLDER),
+            &placeholder,
+        );
+        push(&mut query, sql::SAVEPOINT, &[]);
+        return query;
+    }
     push(&mut query, sql::DELETE_REPLACEABLE, &[Value::Bytes(id)]);
-    push(
-        &mut query,
-        sql::INSERT_PLACEHOLDER,
-        &[Value::Bytes(id), Value::Bytes(fingerprint)],
-    );
+    push(&mut query, sql::INSERT_PLACEHOLDER, &placeholder);
     push(&mut query, sql::WORK_SAVEPOINT, &[]);
     query
 }
@@ -280,20 +298,50 @@ mod tests {
         push(&mut String::new(), "SELECT ?", &[]);
     }
 
+    const MYSQL: Server = Server {
+        mariadb: false,
+        galera: false,
+    };
+    const MARIADB: Server = Server {
+        mariadb: true,
+        galera: false,
+    };
+    const GALERA: Server = Server {
+        mariadb: true,
+        galera: true,
+    };
+
     #[test]
     fn the_claim_stops_before_the_placeholder_when_the_lock_is_refused() {
-        let query = claim(&[1; 16], &[2; 32], 1, false, false);
+        let query = claim(&[1; 16], &[2; 32], None, MYSQL);
         let lock = query.find("FOR UPDATE NOWAIT").unwrap();
         let insert = query.find("INSERT INTO idempotency_records").unwrap();
         let savepoint = query.find("SAVEPOINT axum_idempotency_work").unwrap();
         assert!(query.find("START TRANSACTION").unwrap() < lock);
         assert!(lock < insert && insert < savepoint);
         assert!(!query.contains('?'));
-        assert!(claim(&[1; 16], &[2; 32], 3, true, false).contains("innodb_lock_wait_timeout = 3"));
-        let causal = claim(&[1; 16], &[2; 32], 1, false, true);
+        assert!(claim(&[1; 16], &[2; 32], Some(3), MYSQL).contains("innodb_lock_wait_timeout = 3"));
+        let causal = claim(&[1; 16], &[2; 32], None, GALERA);
         let waits = causal.find("wsrep_sync_wait = 1").unwrap();
         let restored = causal.rfind("SESSION wsrep_sync_wait = COALESCE").unwrap();
         assert!(waits < causal.find("FOR UPDATE").unwrap());
         assert!(restored < causal.find("INSERT INTO").unwrap());
+    }
+
+    #[test]
+    fn on_mariadb_the_placeholder_is_the_lock_and_bounds_its_own_wait() {
+        let query = claim(&[1; 16], &[2; 32], None, MARIADB);
+        assert!(!query.contains("FOR UPDATE"));
+        assert!(!query.contains("@axum_idempotency_lock_wait"));
+        assert!(query.contains(
+            "START TRANSACTION; SET STATEMENT innodb_lock_wait_timeout = 0 FOR INSERT INTO"
+        ));
+        assert!(query.ends_with("; SAVEPOINT axum_idempotency_work"));
+        assert!(claim(&[1; 16], &[2; 32], Some(2), MARIADB).contains("timeout = 2 FOR INSERT"));
+        let replace = replace(&[1; 16], &[2; 32], MARIADB);
+        assert_eq!(
+            replace.matches("innodb_lock_wait_timeout = 1 FOR ").count(),
+            2
+        );
     }
 }

@@ -194,6 +194,16 @@ impl std::fmt::Debug for MySqlConn {
     }
 }
 
+/// What the server is: the claim's shape depends on it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Server {
+    /// MariaDB: a statement may bound its own lock wait (`SET STATEMENT`), and a lock wait
+    /// timeout of 0 refuses at once.
+    pub(super) mariadb: bool,
+    /// A Galera node (`wsrep_on`).
+    pub(super) galera: bool,
+}
+
 /// What a text query of several statements answered before its first error.
 pub(super) struct Answered {
     /// The rows of its statements, in order.
@@ -284,20 +294,25 @@ impl MySqlStore {
         Ok(MySqlConn::new(self.pool.acquire().await?, self.persistent))
     }
 
-    /// Whether the server is a Galera node, asked on `conn` the first time.
-    pub(super) async fn galera(&self, conn: &mut MySqlConn) -> Result<bool, Error> {
-        let on = self
-            .galera
+    /// What the server is, asked on `conn` the first time.
+    pub(super) async fn server(&self, conn: &mut MySqlConn) -> Result<Server, Error> {
+        let server = self
+            .server
             .get_or_try_init(|| async {
-                let row = conn.connection_mut().fetch_optional(sql::WSREP_ON).await?;
-                let on = match row {
+                let conn = conn.connection_mut();
+                let version: String =
+                    ::sqlx::Row::try_get(&conn.fetch_one(sql::VERSION).await?, 0)?;
+                let wsrep_on = match conn.fetch_optional(sql::WSREP_ON).await? {
                     Some(row) => ::sqlx::Row::try_get::<String, _>(&row, 1)?,
                     None => String::new(),
                 };
-                Ok::<_, Error>(on.eq_ignore_ascii_case("ON"))
+                Ok::<_, Error>(Server {
+                    mariadb: version.to_ascii_lowercase().contains("mariadb"),
+                    galera: wsrep_on.eq_ignore_ascii_case("ON"),
+                })
             })
             .await?;
-        Ok(*on)
+        Ok(*server)
     }
 
     /// A pooled connection on which `begin` succeeded, [`counted`](MySqlConn::begin) by

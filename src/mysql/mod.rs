@@ -31,15 +31,17 @@
 //! The record's primary key arbitrates, with the record's row inserted at the start of the
 //! request's transaction. The claim first looks the record up outside any transaction (a
 //! replay, a 422 or a 409 for a leased key needs nothing more). For a new key it then sends
-//! one text query of several statements: it begins a READ COMMITTED transaction, takes the
-//! key's row lock with `SELECT ... FOR UPDATE NOWAIT` — a locking read sees the latest
-//! committed row, and is refused at once by a twin's uncommitted row (409, as on
-//! PostgreSQL); with [`wait_for_in_flight`](crate::IdempotencyLayer) it waits instead,
-//! bounded by `innodb_lock_wait_timeout` set to the wait in whole seconds (at least 1) —
-//! inserts a placeholder row for the key (PROCESSING, no lease), which InnoDB holds locked
-//! until the transaction ends, so every twin's locking read waits for it, takes a savepoint
-//! (a stored 4xx rolls back to it and keeps the key) and restores the lock wait timeout
-//! before the handler runs. A duplicate-key error at the placeholder means a record the
+//! one text query of several statements: it begins a READ COMMITTED transaction with
+//! `autocommit = 0` and holds the key. On MariaDB the placeholder's insert is the lock:
+//! bounded by `SET STATEMENT innodb_lock_wait_timeout = 0`, a twin's uncommitted
+//! placeholder refuses it at once (409, as on PostgreSQL), and with
+//! [`wait_for_in_flight`](crate::IdempotencyLayer) it waits that long instead. On MySQL,
+//! whose lock wait timeout cannot be 0, the key's locking read (`SELECT ... FOR UPDATE
+//! NOWAIT`, or `FOR UPDATE` with the session's timeout set for the claim and restored
+//! before the handler) comes first. The claim inserts a placeholder row for the key
+//! (PROCESSING, no lease), which InnoDB holds locked until the transaction ends, so every
+//! twin waits for it or is refused, and takes a savepoint (a stored 4xx rolls back to it
+//! and keeps the key). A duplicate-key error at the placeholder means a record the
 //! look-up did not see (one committed since, or one the claim may replace): the claim reads
 //! it under its lock and answers from it, or replaces it. After the handler, one more text
 //! query checks the savepoint and turns the placeholder into the record (an `UPDATE` by the
@@ -167,8 +169,8 @@ use crate::store::IntoStore;
 pub struct MySqlStore {
     pool: MySqlPool,
     persistent: bool,
-    /// Whether the server is a Galera node (`wsrep_on`), asked once, on the first claim.
-    galera: std::sync::Arc<tokio::sync::OnceCell<bool>>,
+    /// What the server is, asked once, on the first claim.
+    server: std::sync::Arc<tokio::sync::OnceCell<conn::Server>>,
 }
 
 impl MySqlStore {
@@ -177,7 +179,7 @@ impl MySqlStore {
         Self {
             pool,
             persistent: true,
-            galera: Default::default(),
+            server: Default::default(),
         }
     }
 }

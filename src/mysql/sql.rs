@@ -59,9 +59,9 @@ pub(super) const BOUND_NEXT_STATEMENT: &str = concat!(
 macro_rules! restore_lock_wait {
     () => {
         concat!(
-            "SESSION innodb_lock_wait_timeout = COALESCE(",
+            "SESSION innodb_lock_wait_timeout = COALESCE(CAST(",
             saved!(),
-            ", @@SESSION.innodb_lock_wait_timeout), ",
+            " AS UNSIGNED), @@SESSION.innodb_lock_wait_timeout), ",
             saved!(),
             " = NULL"
         )
@@ -92,7 +92,7 @@ pub(super) const ROLLBACK_AND_RESTORE_ALL: &str = concat!(
     "ROLLBACK; SET ",
     restore_lock_wait!(),
     ", SESSION autocommit = 1, SESSION wsrep_sync_wait = \
-     COALESCE(@axum_idempotency_sync_wait, @@SESSION.wsrep_sync_wait), \
+     COALESCE(CAST(@axum_idempotency_sync_wait AS UNSIGNED), @@SESSION.wsrep_sync_wait), \
      @axum_idempotency_sync_wait = NULL"
 );
 
@@ -100,10 +100,17 @@ pub(super) const ROLLBACK_AND_RESTORE_ALL: &str = concat!(
 /// attempt roll back to it, keeping the lock. With the lock wait timeout restored for the
 /// handler.
 pub(super) const WORK_SAVEPOINT: &str = concat!(
-    "SAVEPOINT axum_idempotency_work; SET SESSION innodb_lock_wait_timeout = COALESCE(",
+    "SAVEPOINT axum_idempotency_work; SET SESSION innodb_lock_wait_timeout = COALESCE(CAST(",
     saved!(),
-    ", @@SESSION.innodb_lock_wait_timeout)"
+    " AS UNSIGNED), @@SESSION.innodb_lock_wait_timeout)"
 );
+/// The savepoint alone: MariaDB's claim bounds its one lock wait per statement and leaves
+/// the session's timeout as it is.
+pub(super) const SAVEPOINT: &str = "SAVEPOINT axum_idempotency_work";
+/// MariaDB's claim begins without touching the lock wait timeout: `autocommit = 0`, READ
+/// COMMITTED for the next transaction, `START TRANSACTION`.
+pub(super) const BEGIN_MARIADB: &str = "SET SESSION autocommit = 0; \
+    SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
 /// Fails (1305) when the transaction that took the savepoint is gone: the check, before
 /// the record, that the handler's transaction is still the one the claim began.
@@ -566,6 +573,8 @@ pub(super) const SERVER_SETTINGS: &str =
 /// Whether the server is a Galera node: one row (`wsrep_on`, `ON`) on a MariaDB Galera
 /// node, `OFF` on a MariaDB without it, none on MySQL.
 pub(super) const WSREP_ON: &str = "SHOW GLOBAL VARIABLES LIKE 'wsrep_on'";
+/// The server's version, which names MariaDB.
+pub(super) const VERSION: &str = "SELECT VERSION()";
 /// A Galera node's settings the crate relies on: `binlog_format`, `innodb_autoinc_lock_mode`
 /// and the node's default `wsrep_sync_wait`.
 pub(super) const GALERA_SETTINGS: &str = "SELECT @@GLOBAL.binlog_format, \
@@ -577,5 +586,5 @@ pub(super) const CAUSAL_READS: &str = "SET @axum_idempotency_sync_wait = @@SESSI
     SESSION wsrep_sync_wait = 1";
 /// The session's `wsrep_sync_wait` as the crate found it.
 pub(super) const RESTORE_SYNC_WAIT: &str = "SET SESSION wsrep_sync_wait = \
-    COALESCE(@axum_idempotency_sync_wait, @@SESSION.wsrep_sync_wait), \
+    COALESCE(CAST(@axum_idempotency_sync_wait AS UNSIGNED), @@SESSION.wsrep_sync_wait), \
     @axum_idempotency_sync_wait = NULL";

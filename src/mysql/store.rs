@@ -139,16 +139,11 @@ impl Store for MySqlStore {
                 // Outside any transaction: the connection goes back to the pool as it is.
                 return Ok((claim, conn));
             }
-            let causal = self.galera(&mut conn).await?;
-            let claim = batch::claim(
-                key,
-                &fingerprint.0,
-                lock_wait_seconds(wait),
-                wait.is_some(),
-                causal,
-            );
-            conn.causal = causal;
-            conn.galera = causal;
+            let server = self.server(&mut conn).await?;
+            let wait_seconds = wait.map(|w| lock_wait_seconds(Some(w)));
+            let claim = batch::claim(key, &fingerprint.0, wait_seconds, server);
+            conn.causal = server.galera;
+            conn.galera = server.galera;
             match conn.begin(claim).await {
                 Ok(()) => return Ok((Claim::Run { replaces: false }, conn)),
                 Err(e) if lock_refused(&e) => {
@@ -173,7 +168,9 @@ impl Store for MySqlStore {
         let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
         match Claim::decide(true, found, fingerprint) {
             Claim::Run { replaces } => {
-                conn.begin(batch::replace(key, &fingerprint.0)).await?;
+                let server = self.server(&mut conn).await?;
+                conn.begin(batch::replace(key, &fingerprint.0, server))
+                    .await?;
                 Ok((Claim::Run { replaces }, conn))
             }
             // Under the lock: the layer rolls back before answering.
