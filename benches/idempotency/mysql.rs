@@ -71,13 +71,13 @@ fn complete(id: &[u8]) -> String {
     )
 }
 
-/// `batch::lease_acquire` for a free key: one text query that writes the PROCESSING record
-/// under a fresh token (the query's `last_insert_id`); [`COMMIT_AND_RESTORE`] follows.
+/// `batch::lease_acquire` on MariaDB for a free key: one text query that writes the
+/// PROCESSING record under a fresh token (the query's `last_insert_id`), each lock wait
+/// bounded per statement; [`COMMIT_AND_RESTORE`] follows.
 fn lease_acquire(id: &[u8]) -> String {
     format!(
-        "SET @axum_idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
-         SESSION innodb_lock_wait_timeout = 1, SESSION autocommit = 0; \
-         SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+        "SET SESSION autocommit = 0; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+         START TRANSACTION; SET STATEMENT innodb_lock_wait_timeout = 1 FOR \
          SELECT status, headers, body, fingerprint, expires_at <= UTC_TIMESTAMP(6), state, \
          retryable, CAST(CEIL(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), locked_until) \
          / 1000000) AS SIGNED), CAST(TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
@@ -85,35 +85,29 @@ fn lease_acquire(id: &[u8]) -> String {
          {fingerprint} AND ((state = 'PROCESSING' AND locked_until <= UTC_TIMESTAMP(6)) \
          OR (state = 'FAILED' AND retryable))), fencing_token FROM idempotency_records \
          WHERE id = {id} FOR UPDATE; \
-         UPDATE idempotency_counters SET value = LAST_INSERT_ID(value + 1) \
-         WHERE name = 'fencing'; \
+         SET STATEMENT innodb_lock_wait_timeout = 1 FOR UPDATE idempotency_counters \
+         SET value = LAST_INSERT_ID(value + 1) WHERE name = 'fencing'; \
+         SET STATEMENT innodb_lock_wait_timeout = 1 FOR \
          INSERT INTO idempotency_records (id, scope, idempotency_key, fingerprint, state, \
          fencing_token, locked_until, status, headers, body, created_at, updated_at, \
          expires_at) VALUES ({id}, _utf8mb4 X'', NULL, {fingerprint}, 'PROCESSING', \
          IF(ROW_COUNT() = 1, LAST_INSERT_ID(), NULL), UTC_TIMESTAMP(6) + INTERVAL 30000000 \
          MICROSECOND, 0, '', '', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + \
-         INTERVAL 86400000000 MICROSECOND); \
-         SET SESSION innodb_lock_wait_timeout = COALESCE(CAST(@axum_idempotency_lock_wait AS UNSIGNED), \
-         @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL",
+         INTERVAL 86400000000 MICROSECOND)",
         id = hex(id),
         fingerprint = hex(FINGERPRINT),
     )
 }
 
-/// `batch::lease_complete`: one text query, the fenced `UPDATE`; [`COMMIT_AND_RESTORE`]
-/// follows.
+/// `batch::lease_complete` on MariaDB: the fenced `UPDATE`, one autocommit statement.
 fn lease_complete(id: &[u8], token: u64) -> String {
     format!(
-        "SET @axum_idempotency_lock_wait = @@SESSION.innodb_lock_wait_timeout, \
-         SESSION innodb_lock_wait_timeout = 1, SESSION autocommit = 0; \
-         SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
-         UPDATE idempotency_records FORCE INDEX (PRIMARY) SET state = _utf8mb4 X'53554343455353', \
+        "SET STATEMENT innodb_lock_wait_timeout = 1 FOR UPDATE idempotency_records \
+         FORCE INDEX (PRIMARY) SET state = _utf8mb4 X'53554343455353', \
          retryable = FALSE, status = 201, headers = {headers}, body = {body}, \
          body_key_id = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6), \
          expires_at = UTC_TIMESTAMP(6) + INTERVAL 86400000000 MICROSECOND \
-         WHERE id = {id} AND fencing_token = {token} AND state = 'PROCESSING'; \
-         SET SESSION innodb_lock_wait_timeout = COALESCE(CAST(@axum_idempotency_lock_wait AS UNSIGNED), \
-         @@SESSION.innodb_lock_wait_timeout), @axum_idempotency_lock_wait = NULL",
+         WHERE id = {id} AND fencing_token = {token} AND state = 'PROCESSING'",
         id = hex(id),
         headers = hex(HEADERS),
         body = hex(BODY),
@@ -415,7 +409,6 @@ async fn one(conn: &mut MySqlConnection, variant: Variant, replay: Option<&Vec<u
                 .await
                 .unwrap();
             assert_eq!(done.rows_affected(), 1);
-            conn.execute(COMMIT_AND_RESTORE).await.unwrap();
         }
         Variant::MySqlThreeCommit => {
             let key = Uuid::fresh().0;

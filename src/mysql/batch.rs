@@ -184,23 +184,36 @@ pub(super) fn complete(record: &NewRecord<'_>, discard_handler_writes: bool) -> 
     Some(query)
 }
 
-/// Lease mode's acquisition of a free key, before its commit: the transaction begun (lock
-/// waits bounded to one second), the key's locking read (its row, if any, is the answer's
-/// only row), a fencing token drawn from the counter (the statement's `last_insert_id`),
-/// the PROCESSING record inserted under it, and the lock wait restored. A key with a
-/// record stops it at the insert (1062) with the row read and locked.
-pub(super) fn lease_acquire(record: &NewRecord<'_>, lease: Duration) -> String {
+/// Lease mode's acquisition of a free key, before its commit: the transaction begun, the
+/// key's locking read (its row, if any, is the answer's only row), a fencing token drawn
+/// from the counter (the statement's `last_insert_id`), and the PROCESSING record inserted
+/// under it; every lock wait bounded to one second (on MariaDB per statement, elsewhere by
+/// the session's timeout, restored at the end). A key with a record stops it at the insert
+/// (1062) with the row read and locked.
+pub(super) fn lease_acquire(record: &NewRecord<'_>, lease: Duration, server: Server) -> String {
     let id = record.id.as_bytes();
-    let mut query = sql::begin(Some(1), false);
+    let lean = server.mariadb && !server.galera;
+    let bounded = |statement: &str| {
+        if lean {
+            format!("SET STATEMENT innodb_lock_wait_timeout = 1 FOR {statement}")
+        } else {
+            statement.to_owned()
+        }
+    };
+    let mut query = if lean {
+        sql::BEGIN_MARIADB.to_owned()
+    } else {
+        sql::begin(Some(1), false)
+    };
     push(
         &mut query,
-        sql::LEASE_LOCK,
+        &bounded(sql::LEASE_LOCK),
         &[Value::Bytes(&record.fingerprint.0), Value::Bytes(id)],
     );
-    push(&mut query, sql::NEXT_FENCING_TOKEN, &[]);
+    push(&mut query, &bounded(sql::NEXT_FENCING_TOKEN), &[]);
     push(
         &mut query,
-        sql::LEASE_INSERT,
+        &bounded(sql::LEASE_INSERT),
         &[
             Value::Bytes(id),
             Value::Text(Some(record.scope)),
@@ -212,7 +225,9 @@ pub(super) fn lease_acquire(record: &NewRecord<'_>, lease: Duration) -> String {
             Value::Int(Some(micros(record.ttl))),
         ],
     );
-    push(&mut query, sql::RESTORE_LOCK_WAIT, &[]);
+    if !lean {
+        push(&mut query, sql::RESTORE_LOCK_WAIT, &[]);
+    }
     query
 }
 
@@ -239,18 +254,34 @@ pub(super) fn lease_take_over(record: &NewRecord<'_>, lease: Duration, token: i6
     query
 }
 
-/// Lease mode's fenced completion before its commit, its lock wait bounded to one second:
-/// one changed row if the lease was still the holder's. `None`: too large to inline.
-pub(super) fn lease_complete(record: &NewRecord<'_>, token: i64, end: LeaseEnd) -> Option<String> {
+/// Lease mode's fenced completion, its lock wait bounded to one second: one changed row if
+/// the lease was still the holder's. On MariaDB it is one autocommit statement (committed
+/// alone); elsewhere a transaction whose commit follows on its own. `None`: too large to
+/// inline.
+pub(super) fn lease_complete(
+    record: &NewRecord<'_>,
+    token: i64,
+    end: LeaseEnd,
+    server: Server,
+) -> Option<String> {
     let size = record.headers.len() + record.body.bytes.len();
     if size > INLINE_LIMIT {
         return None;
     }
-    let mut query = sql::begin(Some(1), false);
-    query.reserve(1024 + 2 * size);
+    let lean = server.mariadb && !server.galera;
+    let mut query = String::with_capacity(1024 + 2 * size);
+    let update = if lean {
+        format!(
+            "SET STATEMENT innodb_lock_wait_timeout = 1 FOR {}",
+            sql::LEASE_COMPLETE
+        )
+    } else {
+        query.push_str(&sql::begin(Some(1), false));
+        sql::LEASE_COMPLETE.to_owned()
+    };
     push(
         &mut query,
-        sql::LEASE_COMPLETE,
+        &update,
         &[
             Value::Text(Some(end.state())),
             Value::Bool(end.retryable()),
@@ -263,7 +294,9 @@ pub(super) fn lease_complete(record: &NewRecord<'_>, token: i64, end: LeaseEnd) 
             Value::Int(Some(token)),
         ],
     );
-    push(&mut query, sql::RESTORE_LOCK_WAIT, &[]);
+    if !lean {
+        push(&mut query, sql::RESTORE_LOCK_WAIT, &[]);
+    }
     Some(query)
 }
 

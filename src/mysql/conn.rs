@@ -294,6 +294,15 @@ impl MySqlStore {
         Ok(MySqlConn::new(self.pool.acquire().await?, self.persistent))
     }
 
+    /// What the server is, on a connection of its own the first time.
+    pub(super) async fn server_known(&self) -> Result<Server, Error> {
+        if let Some(server) = self.server.get() {
+            return Ok(*server);
+        }
+        let mut conn = self.acquire().await?;
+        self.server(&mut conn).await
+    }
+
     /// What the server is, asked on `conn` the first time.
     pub(super) async fn server(&self, conn: &mut MySqlConn) -> Result<Server, Error> {
         let server = self

@@ -1,6 +1,7 @@
 //! Lease mode on MySQL/MariaDB: the PROCESSING record committed in a short transaction of
 //! its own (the key's row lock, a fencing token from the counter, the insert or takeover),
-//! and its fenced completion — two round trips each for a free key, the commit alone.
+//! and its fenced completion — for a free key two round trips (the commit alone) and one
+//! on MariaDB.
 
 use std::time::Duration;
 
@@ -23,7 +24,10 @@ impl LeaseStore for MySqlStore {
         record: &NewRecord<'_>,
         lease: Duration,
     ) -> Result<LeaseClaim, Error> {
-        let (mut conn, answered) = self.run(batch::lease_acquire(record, lease)).await?;
+        let server = self.server_known().await?;
+        let (mut conn, answered) = self
+            .run(batch::lease_acquire(record, lease, server))
+            .await?;
         let error = match answered.error {
             None => {
                 conn.finish(true).await?;
@@ -80,14 +84,17 @@ impl LeaseStore for MySqlStore {
     }
 
     /// One text query ([`batch::lease_complete`]: the fenced `UPDATE`, its lock wait
-    /// bounded), and the commit when it changed the holder's record.
+    /// bounded), and — but on MariaDB, where it is one autocommit statement — the commit
+    /// when it changed the holder's record.
     async fn lease_complete(
         &self,
         record: &NewRecord<'_>,
         token: i64,
         end: LeaseEnd,
     ) -> Result<bool, Error> {
-        let Some(query) = batch::lease_complete(record, token, end) else {
+        let server = self.server_known().await?;
+        let lean = server.mariadb && !server.galera;
+        let Some(query) = batch::lease_complete(record, token, end, server) else {
             let query = self
                 .query(sql::LEASE_COMPLETE)
                 .bind(end.state())
@@ -103,6 +110,11 @@ impl LeaseStore for MySqlStore {
         };
         let (mut conn, answered) = self.run(query).await?;
         match answered.error {
+            // One autocommit statement: committed, or nothing to commit.
+            None if lean => {
+                conn.settle();
+                Ok(answered.rows_affected == 1)
+            }
             // The holder's record, still under its token.
             None if answered.rows_affected == 1 => {
                 conn.finish(true).await?;
