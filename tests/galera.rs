@@ -33,7 +33,7 @@ use axum::routing::post;
 use axum_idempotency::{IdempotencyLayer, IdempotentLease};
 use common::*;
 use sqlx::{Executor, MySqlPool};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 fn enabled() -> bool {
@@ -580,26 +580,7 @@ async fn coupon_chain_across_nodes(cluster: &Cluster, reader: &MySqlPool) {
     ];
     let (_a, a) = orders_on(cluster, 1, &relay).await;
     let (_b, b) = orders_on(cluster, 2, &relay).await;
-    let mut consumer = tokio::process::Command::new(example_binary("coupon_consumer"))
-        .env("DATABASE_URL", cluster.url(3))
-        .env("AMQP_URL", &amqp)
-        .env("QUEUE", &queue)
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(consumer.stdout.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("waiting on queue") {
-                return;
-            }
-        }
-        panic!("the coupon consumer exited before consuming");
-    })
-    .await
-    .expect("the coupon consumer did not start in 30 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    let mut consumer = start_coupon_consumer(&cluster.url(3), &queue).await;
 
     for i in 0..ORDERS {
         let user = 50_000 + i;

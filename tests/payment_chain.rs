@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::*;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::RwLock;
 
@@ -133,27 +133,7 @@ impl ChainDb {
 }
 
 async fn start_consumer(db: &ChainDb, queue: &str) -> tokio::process::Child {
-    let mut child = tokio::process::Command::new(example_binary("coupon_consumer"))
-        .env("DATABASE_URL", db.url())
-        .env("AMQP_URL", amqp_url())
-        .env("QUEUE", queue)
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if line.contains("waiting on queue") {
-                return;
-            }
-        }
-        panic!("the coupon consumer exited before consuming");
-    })
-    .await
-    .expect("the coupon consumer did not start in 30 s");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    child
+    start_coupon_consumer(&db.url(), queue).await
 }
 
 async fn sigkill(child: &mut tokio::process::Child) {

@@ -15,12 +15,12 @@ sql() { mariadb "${conn[@]}" -N -B "$DB" -e "$1"; }
 trap 'mariadb "${conn[@]}" -e "DROP DATABASE IF EXISTS $DB" >/dev/null 2>&1 || true' EXIT
 mariadb "${conn[@]}" -e "CREATE DATABASE $DB"
 cat "$REPO"/migrations/mysql/*.sql | mariadb "${conn[@]}" "$DB"
-sql "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, amount BIGINT NOT NULL) ENGINE=InnoDB"
+sql "CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, user_id BIGINT NOT NULL, amount BIGINT NOT NULL) ENGINE=InnoDB; CREATE TABLE three_commit_records (k VARBINARY(255) PRIMARY KEY, status VARCHAR(10) NOT NULL, response BLOB NULL) ENGINE=InnoDB"
 
 # Every run starts from the same tables: no orders, and 10 000 completed records (ids
 # UNHEX(MD5(1..10000))) for s9_replay to find.
 reset() {
-  sql "TRUNCATE orders; TRUNCATE idempotency_records;
+  sql "TRUNCATE orders; TRUNCATE idempotency_records; TRUNCATE three_commit_records;
        INSERT INTO idempotency_records (id, scope, idempotency_key, fingerprint, status, headers, body,
          body_key_id, state, retryable, created_at, updated_at, expires_at)
        SELECT UNHEX(MD5(seq)), '', NULL, X'0707070707070707070707070707070707070707070707070707070707070707', 201,
@@ -48,6 +48,8 @@ check() {
   got=$(sql "SELECT (SELECT COUNT(*) FROM orders), (SELECT COUNT(*) FROM idempotency_records WHERE state = 'SUCCESS' AND status = 201 AND LENGTH(body) = 31) - 10000, (SELECT COUNT(*) FROM idempotency_records WHERE state <> 'SUCCESS')")
   case $name in
     s0*) expect="$want 0 0" ;;
+    s12*) return ;; # its record is in three_commit_records
+    s13* | s14*) expect="$want $want 0" ;;
     s9*) expect="0 0 0" ;;
     *) expect="$want $want 0" ;;
   esac

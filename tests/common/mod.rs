@@ -689,6 +689,34 @@ pub async fn start_example_logged(
     (child, addr, log)
 }
 
+/// The coupon consumer example on `database_url`, consuming `queue` at `AMQP_URL`, once it
+/// says it waits on the queue; its output keeps being drained. Killed when dropped.
+#[allow(dead_code)]
+pub async fn start_coupon_consumer(database_url: &str, queue: &str) -> tokio::process::Child {
+    use tokio::io::AsyncBufReadExt;
+    let mut child = tokio::process::Command::new(example_binary("coupon_consumer"))
+        .env("DATABASE_URL", database_url)
+        .env("AMQP_URL", amqp_url())
+        .env("QUEUE", queue)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("waiting on queue") {
+                return;
+            }
+        }
+        panic!("the coupon consumer exited before consuming");
+    })
+    .await
+    .expect("the coupon consumer did not start in 30 s");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
 /// `DATABASE_URL` with this test's schema as the search path.
 pub fn schema_url(schema: &str) -> String {
     format!("{}?options=-c%20search_path%3D{schema}", database_url())

@@ -1,0 +1,5 @@
+SET @id = RANDOM_BYTES(16); SET @t = 1; SET STATEMENT innodb_lock_wait_timeout = 1 FOR INSERT INTO idempotency_records (id, scope, idempotency_key, fingerprint, state, fencing_token, locked_until, status, headers, body, created_at, updated_at, expires_at) VALUES (@id, '', NULL, X'0707070707070707070707070707070707070707070707070707070707070707', 'PROCESSING', @t, UTC_TIMESTAMP(6) + INTERVAL 30000000 MICROSECOND, 0, '', '', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL 86400000000 MICROSECOND)
+START TRANSACTION
+INSERT INTO orders (user_id, amount) VALUES (1, 2)
+COMMIT
+SET STATEMENT innodb_lock_wait_timeout = 1 FOR UPDATE idempotency_records FORCE INDEX (PRIMARY) SET state = 'SUCCESS', retryable = FALSE, status = 201, headers = X'000c636f6e74656e742d74797065000000106170706c69636174696f6e2f6a736f6e', body = X'7b226964223a312c22757365725f6964223a312c22616d6f756e74223a327d', body_key_id = NULL, locked_until = NULL, updated_at = UTC_TIMESTAMP(6), expires_at = UTC_TIMESTAMP(6) + INTERVAL 86400000000 MICROSECOND WHERE id = @id AND fencing_token = @t AND state = 'PROCESSING'
