@@ -310,8 +310,8 @@ impl MySqlStore {
             .get_or_try_init(|| async {
                 let conn = conn.connection_mut();
                 let version: String =
-                    ::sqlx::Row::try_get(&conn.fetch_one(sql::VERSION).await?, 0)?;
-                let wsrep_on = match conn.fetch_optional(sql::WSREP_ON).await? {
+                    ::sqlx::Row::try_get(&conn.fetch_one(super::migrate::VERSION).await?, 0)?;
+                let wsrep_on = match conn.fetch_optional(super::migrate::WSREP_ON).await? {
                     Some(row) => ::sqlx::Row::try_get::<String, _>(&row, 1)?,
                     None => String::new(),
                 };

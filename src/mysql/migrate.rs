@@ -4,10 +4,40 @@
 use ::sqlx::{Executor, MySqlConnection, MySqlPool, Row};
 
 use super::conn::statement;
-use super::sql;
 use crate::engine::error::Error;
 use crate::store::migrations;
 
+/// The table of applied migration versions.
+const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (
+        version    INT          NOT NULL PRIMARY KEY,
+        name       VARCHAR(255) NOT NULL,
+        applied_at DATETIME(6)  NOT NULL
+    ) ENGINE = InnoDB";
+/// Serialises concurrent `migrate` calls on one server (a session lock, on a connection
+/// of its own, released before that connection goes back). `?` lock name, seconds.
+const MIGRATION_LOCK: &str = "SELECT GET_LOCK(?, ?)";
+/// Releases [`MIGRATION_LOCK`]. `?` lock name.
+const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(?)";
+/// The highest applied version (0 for none).
+pub(super) const SCHEMA_VERSION: &str =
+    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM axum_idempotency_migrations";
+/// Records an applied version. `?` version, name.
+/// (A row another node's `migrate` wrote at the same time is kept: `GET_LOCK` is
+/// node-local on Galera, and every migration statement is safe to run twice.)
+const RECORD_MIGRATION: &str = "INSERT INTO axum_idempotency_migrations \
+    (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6)) \
+    ON DUPLICATE KEY UPDATE version = version";
+/// The server's version and packet limit, checked by `migrate`.
+const SERVER_SETTINGS: &str = "SELECT VERSION(), CAST(@@GLOBAL.max_allowed_packet AS SIGNED)";
+/// Whether the server is a Galera node: one row (`wsrep_on`, `ON`) on a MariaDB Galera
+/// node, `OFF` on a MariaDB without it, none on MySQL.
+pub(super) const WSREP_ON: &str = "SHOW GLOBAL VARIABLES LIKE 'wsrep_on'";
+/// The server's version, which names MariaDB.
+pub(super) const VERSION: &str = "SELECT VERSION()";
+/// A Galera node's settings the crate relies on: `binlog_format`, `innodb_autoinc_lock_mode`
+/// and the node's default `wsrep_sync_wait`.
+const GALERA_SETTINGS: &str = "SELECT @@GLOBAL.binlog_format, \
+    CAST(@@GLOBAL.innodb_autoinc_lock_mode AS SIGNED), CAST(@@GLOBAL.wsrep_sync_wait AS SIGNED)";
 /// The name of the migration lock (`GET_LOCK` names are per server).
 const LOCK_NAME: &str = "axum_idempotency_migrate";
 /// How long a `migrate` waits for another one, in seconds.
@@ -23,7 +53,7 @@ const MIN_PACKET: i64 = 16 * 1024 * 1024;
 pub(super) async fn run(pool: &MySqlPool) -> Result<(), Error> {
     let mut conn = pool.acquire().await?;
     check_server(&mut conn).await?;
-    let locked: Option<i64> = statement(sql::MIGRATION_LOCK, false)
+    let locked: Option<i64> = statement(MIGRATION_LOCK, false)
         .bind(LOCK_NAME)
         .bind(LOCK_WAIT_SECONDS)
         .fetch_one(&mut *conn)
@@ -37,7 +67,7 @@ pub(super) async fn run(pool: &MySqlPool) -> Result<(), Error> {
     }
     match apply(&mut conn).await {
         Ok(()) => {
-            let released = statement(sql::MIGRATION_UNLOCK, false)
+            let released = statement(MIGRATION_UNLOCK, false)
                 .bind(LOCK_NAME)
                 .fetch_one(&mut *conn)
                 .await;
@@ -56,7 +86,7 @@ pub(super) async fn run(pool: &MySqlPool) -> Result<(), Error> {
 
 /// The server's version (MariaDB 10.6 / MySQL 8.0 or later) and its packet limit.
 async fn check_server(conn: &mut MySqlConnection) -> Result<(), Error> {
-    let row = statement(sql::SERVER_SETTINGS, false)
+    let row = statement(SERVER_SETTINGS, false)
         .fetch_one(&mut *conn)
         .await?;
     let version: String = row.try_get(0)?;
@@ -78,14 +108,14 @@ async fn check_server(conn: &mut MySqlConnection) -> Result<(), Error> {
 /// crate writes) and interleaved auto-increments (else concurrent inserts on two nodes
 /// conflict on the table's auto-increment lock).
 async fn check_galera(conn: &mut MySqlConnection) -> Result<(), Error> {
-    let on: Option<String> = match conn.fetch_optional(sql::WSREP_ON).await? {
+    let on: Option<String> = match conn.fetch_optional(WSREP_ON).await? {
         Some(row) => Some(row.try_get(1)?),
         None => None,
     };
     if !on.is_some_and(|on| on.eq_ignore_ascii_case("ON")) {
         return Ok(());
     }
-    let row = conn.fetch_one(sql::GALERA_SETTINGS).await?;
+    let row = conn.fetch_one(GALERA_SETTINGS).await?;
     let binlog_format: String = row.try_get(0)?;
     let autoinc_lock_mode: i64 = row.try_get(1)?;
     let sync_wait: i64 = row.try_get(2)?;
@@ -135,14 +165,14 @@ fn unsupported_version(version: &str) -> Option<String> {
 /// The pending migrations, each file's statements in one multi-statement round trip (DDL
 /// commits implicitly; every statement is safe to repeat).
 async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
-    conn.execute(sql::CREATE_MIGRATIONS_TABLE).await?;
-    let current: i32 = statement(sql::SCHEMA_VERSION, false)
+    conn.execute(CREATE_MIGRATIONS_TABLE).await?;
+    let current: i32 = statement(SCHEMA_VERSION, false)
         .fetch_one(&mut *conn)
         .await?
         .try_get(0)?;
     for migration in migrations::pending(migrations::MYSQL, current)? {
         ::sqlx::raw_sql(migration.sql).execute(&mut *conn).await?;
-        statement(sql::RECORD_MIGRATION, false)
+        statement(RECORD_MIGRATION, false)
             .bind(migration.version)
             .bind(migration.name)
             .execute(&mut *conn)

@@ -546,39 +546,6 @@ pub(super) const ADMIN_FAILED_GROUPS: &str = "SELECT CONVERT(consumer_group USIN
 pub(super) const ADMIN_RESET_INBOX: &str = "UPDATE inbox_messages SET attempts = 0 \
     WHERE consumer_group = ? AND message_id = ? AND status = 'FAILED' AND attempts > 0";
 
-/// The table of applied migration versions.
-pub(super) const CREATE_MIGRATIONS_TABLE: &str =
-    "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (
-        version    INT          NOT NULL PRIMARY KEY,
-        name       VARCHAR(255) NOT NULL,
-        applied_at DATETIME(6)  NOT NULL
-    ) ENGINE = InnoDB";
-/// Serialises concurrent `migrate` calls on one server (a session lock, on a connection
-/// of its own, released before that connection goes back). `?` lock name, seconds.
-pub(super) const MIGRATION_LOCK: &str = "SELECT GET_LOCK(?, ?)";
-/// Releases [`MIGRATION_LOCK`]. `?` lock name.
-pub(super) const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(?)";
-/// The highest applied version (0 for none).
-pub(super) const SCHEMA_VERSION: &str =
-    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM axum_idempotency_migrations";
-/// Records an applied version. `?` version, name.
-/// (A row another node's `migrate` wrote at the same time is kept: `GET_LOCK` is
-/// node-local on Galera, and every migration statement is safe to run twice.)
-pub(super) const RECORD_MIGRATION: &str = "INSERT INTO axum_idempotency_migrations \
-    (version, name, applied_at) VALUES (?, ?, UTC_TIMESTAMP(6)) \
-    ON DUPLICATE KEY UPDATE version = version";
-/// The server's version and packet limit, checked by `migrate`.
-pub(super) const SERVER_SETTINGS: &str =
-    "SELECT VERSION(), CAST(@@GLOBAL.max_allowed_packet AS SIGNED)";
-/// Whether the server is a Galera node: one row (`wsrep_on`, `ON`) on a MariaDB Galera
-/// node, `OFF` on a MariaDB without it, none on MySQL.
-pub(super) const WSREP_ON: &str = "SHOW GLOBAL VARIABLES LIKE 'wsrep_on'";
-/// The server's version, which names MariaDB.
-pub(super) const VERSION: &str = "SELECT VERSION()";
-/// A Galera node's settings the crate relies on: `binlog_format`, `innodb_autoinc_lock_mode`
-/// and the node's default `wsrep_sync_wait`.
-pub(super) const GALERA_SETTINGS: &str = "SELECT @@GLOBAL.binlog_format, \
-    CAST(@@GLOBAL.innodb_autoinc_lock_mode AS SIGNED), CAST(@@GLOBAL.wsrep_sync_wait AS SIGNED)";
 /// On a Galera node, the claim's reads wait until the node has applied every write set the
 /// cluster committed before them (`wsrep_sync_wait = 1`), so a key committed on another
 /// node a moment ago is seen here; the session's own setting is kept and restored.

@@ -106,7 +106,7 @@ impl Store for MySqlStore {
     }
 
     async fn schema_version(&self) -> Result<i32, Error> {
-        match statement(sql::SCHEMA_VERSION, false)
+        match statement(super::migrate::SCHEMA_VERSION, false)
             .fetch_one(&self.pool)
             .await
         {
