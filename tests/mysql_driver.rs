@@ -583,6 +583,43 @@ async fn lease_mode_commits_processing_then_success_with_tokens_that_never_repea
     db.drop_database().await;
 }
 
+/// A lease's answer too large to travel inlined (over 1 MiB with its headers) is stored by
+/// the bound completion, and replayed byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_answer_is_over_a_mebibyte_replays_byte_identically() {
+    let db = Db::migrated().await;
+    let body = Bytes::from(
+        (0..(1 << 20) + 17)
+            .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+            .collect::<Vec<u8>>(),
+    );
+    let served = body.clone();
+    let app = Router::new()
+        .route(
+            "/orders",
+            post(move |_lease: IdempotentLease| {
+                let served = served.clone();
+                async move { (StatusCode::CREATED, served) }
+            }),
+        )
+        .layer(IdempotencyLayer::new(db.pool.clone()).response_limit(2 << 20));
+    let (status, first) = send(&app, "big-lease", "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(first.body() == &body);
+    let (status, again) = send(&app, "big-lease", "{}").await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(replayed(&again));
+    assert!(again.body() == &body, "the replayed body differs");
+    assert_eq!(
+        db.count(
+            "SELECT CAST(LENGTH(body) AS SIGNED) FROM idempotency_records WHERE state = 'SUCCESS'"
+        )
+        .await,
+        (1 << 20) + 17
+    );
+    db.drop_database().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_twice_at_once_and_check_schema() {
     let db = Db::new().await;

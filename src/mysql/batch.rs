@@ -9,6 +9,9 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use ::sqlx::mysql::{MySql, MySqlArguments};
+use ::sqlx::query::Query;
+
 use super::conn::{Server, micros};
 use super::sql;
 use crate::engine::record::{LeaseEnd, NewRecord};
@@ -45,6 +48,25 @@ impl Value<'_> {
             Self::Sql(sql) => out.push_str(sql),
         }
     }
+}
+
+/// `query` with `values` bound to its parameters, in order: the same values as inlined, for
+/// a record too large to inline. (A [`Value::Sql`] has no bound form; no bound statement
+/// takes one.)
+pub(super) fn bind<'q>(
+    mut query: Query<'q, MySql, MySqlArguments>,
+    values: &[Value<'_>],
+) -> Query<'q, MySql, MySqlArguments> {
+    for value in values {
+        query = match *value {
+            Value::Bytes(bytes) => query.bind(bytes),
+            Value::Text(text) => query.bind(text),
+            Value::Int(n) => query.bind(n),
+            Value::Bool(b) => query.bind(b),
+            Value::Sql(sql) => unreachable!("an SQL expression has no bound form: {sql}"),
+        };
+    }
+    query
 }
 
 /// `X'…'`: `bytes` as a binary string literal.
@@ -258,6 +280,25 @@ pub(super) fn lease_take_over(record: &NewRecord<'_>, lease: Duration, token: i6
 /// the lease was still the holder's. On MariaDB it is one autocommit statement (committed
 /// alone); elsewhere a transaction whose commit follows on its own. `None`: too large to
 /// inline.
+/// The values of [`sql::LEASE_COMPLETE`].
+pub(super) fn lease_complete_values<'a>(
+    record: &'a NewRecord<'_>,
+    token: i64,
+    end: LeaseEnd,
+) -> [Value<'a>; 9] {
+    [
+        Value::Text(Some(end.state())),
+        Value::Bool(end.retryable()),
+        Value::Int(Some(i64::from(record.status.as_u16()))),
+        Value::Bytes(&record.headers),
+        Value::Bytes(&record.body.bytes),
+        Value::Int(record.body.key_id.map(i64::from)),
+        Value::Int(Some(micros(record.ttl))),
+        Value::Bytes(record.id.as_bytes()),
+        Value::Int(Some(token)),
+    ]
+}
+
 pub(super) fn lease_complete(
     record: &NewRecord<'_>,
     token: i64,
@@ -282,17 +323,7 @@ pub(super) fn lease_complete(
     push(
         &mut query,
         &update,
-        &[
-            Value::Text(Some(end.state())),
-            Value::Bool(end.retryable()),
-            Value::Int(Some(i64::from(record.status.as_u16()))),
-            Value::Bytes(&record.headers),
-            Value::Bytes(&record.body.bytes),
-            Value::Int(record.body.key_id.map(i64::from)),
-            Value::Int(Some(micros(record.ttl))),
-            Value::Bytes(record.id.as_bytes()),
-            Value::Int(Some(token)),
-        ],
+        &lease_complete_values(record, token, end),
     );
     if !lean {
         push(&mut query, sql::RESTORE_LOCK_WAIT, &[]);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use ::sqlx::Row;
 
 use super::MySqlStore;
-use super::conn::{COLUMN_CANNOT_BE_NULL, DUPLICATE_KEY, error_number, lock_refused, micros};
+use super::conn::{COLUMN_CANNOT_BE_NULL, DUPLICATE_KEY, error_number, lock_refused};
 use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::record::{LeaseClaim, LeaseEnd, NewRecord};
@@ -95,17 +95,8 @@ impl LeaseStore for MySqlStore {
         let server = self.server_known().await?;
         let lean = server.mariadb && !server.galera;
         let Some(query) = batch::lease_complete(record, token, end, server) else {
-            let query = self
-                .query(sql::LEASE_COMPLETE)
-                .bind(end.state())
-                .bind(end.retryable())
-                .bind(record.status.as_u16() as i16)
-                .bind(&record.headers[..])
-                .bind(&*record.body.bytes)
-                .bind(record.body.key_id)
-                .bind(micros(record.ttl))
-                .bind(&record.id.as_bytes()[..])
-                .bind(token);
+            let values = batch::lease_complete_values(record, token, end);
+            let query = batch::bind(self.query(sql::LEASE_COMPLETE), &values);
             return Ok(self.execute_bounded(query).await? == 1);
         };
         let (mut conn, answered) = self.run(query).await?;

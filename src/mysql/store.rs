@@ -11,7 +11,7 @@ use ::sqlx::{Executor, MySqlConnection, Row};
 use super::MySqlStore;
 use super::conn::{
     DEADLOCK, DUPLICATE_KEY, MySqlConn, NO_SUCH_TABLE, error_number, lock_refused,
-    lock_wait_seconds, micros, savepoint_error, statement, transaction_lost,
+    lock_wait_seconds, savepoint_error, statement, transaction_lost,
 };
 use super::tx::MySqlTx;
 use super::{batch, sql};
@@ -38,18 +38,12 @@ async fn complete_bound(
         sql::RELEASE_WORK
     };
     conn.connection_mut().execute(check).await?;
-    let done = statement(sql::COMPLETE, conn.persistent)
-        .bind(record.scope)
-        .bind(record.raw_key)
-        .bind(&record.fingerprint.0[..])
-        .bind(record.status.as_u16() as i16)
-        .bind(&record.headers[..])
-        .bind(&*record.body.bytes)
-        .bind(record.body.key_id)
-        .bind(micros(record.ttl))
-        .bind(&record.id.as_bytes()[..])
-        .execute(conn.connection_mut())
-        .await?;
+    let done = batch::bind(
+        statement(sql::COMPLETE, conn.persistent),
+        &batch::complete_values(record),
+    )
+    .execute(conn.connection_mut())
+    .await?;
     Ok(done.rows_affected())
 }
 
