@@ -50,7 +50,7 @@ def requirement(args, rust_versions):
     not leak in), and `cargo metadata` says what each crate declares.
     """
     tree = cargo(
-        "tree", "--locked", "-e", "normal,build", "--target", "all",
+        "tree", "--locked", "-p", "axum-idempotency", "-e", "normal,build", "--target", "all",
         "--prefix", "none", "--format", "{p}", *args,
     )
     crates = set()

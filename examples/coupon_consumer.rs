@@ -30,6 +30,8 @@ use serde::Deserialize;
 
 #[path = "support/amqp.rs"]
 mod amqp;
+#[path = "support/log.rs"]
+mod log;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -42,12 +44,7 @@ struct PaymentSucceeded {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // What the consumer did with each delivery: processed, duplicate, gave up, ...
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "axum_idempotency=info".to_owned()),
-        )
-        .with_ansi(false)
-        .init();
+    log::init(std::io::stdout, false);
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
     let queue = std::env::var("QUEUE").unwrap_or_else(|_| "payment-succeeded".to_owned());

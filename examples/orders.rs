@@ -13,7 +13,7 @@
 //! once (below); each database's statements are in `examples/support/orders_db/`.
 //!
 //! ```text
-//! cargo run --example orders --features sqlite
+//! cargo run --example orders --no-default-features --features sqlite
 //! curl -i -X POST localhost:3000/orders -H "Idempotency-Key: order-$RANDOM$RANDOM" \
 //!      -H 'X-User-Id: 1001' -H 'content-type: application/json' \
 //!      -d '{"user_id": 1001, "amount": 299}'
@@ -77,6 +77,8 @@ mod errors;
 mod json;
 #[path = "support/jsonl_archive.rs"]
 mod jsonl_archive;
+#[path = "support/log.rs"]
+mod log;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/orders_db/mod.rs"]
@@ -260,6 +262,26 @@ async fn main() {
     }
 }
 
+/// What to paste to try the service: a `curl` creating an order under a key of its own
+/// (printed once per start; pasted twice, the second answer is the replay).
+fn first_request(addr: SocketAddr) -> String {
+    // Reachable from this machine when the service listens on every address.
+    let host = match addr.ip() {
+        ip if ip.is_unspecified() => SocketAddr::new([127, 0, 0, 1].into(), addr.port()),
+        _ => addr,
+    };
+    // Unique enough for a demo: the start time and the process id, no generator needed.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos());
+    let key = format!("order-{:x}{:x}", nanos, std::process::id());
+    format!(
+        "try it (paste it twice: the second answer is the first one, replayed):\n  \
+         curl -i -X POST http://{host}/orders -H 'Idempotency-Key: {key}' -H 'X-User-Id: 1001' \
+         -H 'Content-Type: application/json' -d '{{\"user_id\": 1001, \"amount\": 299}}'"
+    )
+}
+
 /// The database URL as it may be printed: without its password.
 fn redacted(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
@@ -330,15 +352,11 @@ impl Backend {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "axum_idempotency=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only for a terminal, never into a redirected log.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Colours only for a terminal, never into a redirected log.
+    log::init(
+        std::io::stderr,
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
     let settings = Settings {
         bind: std::env::var("BIND_ADDR")
             .unwrap_or_else(|_| "127.0.0.1:3000".to_owned())
@@ -389,11 +407,11 @@ async fn sqlite(url: &str, settings: Settings) -> Result<(), Box<dyn std::error:
         .max_connections(8)
         .connect_lazy_with(options);
     prepare::<SqliteStore>(&pool, url).await?;
-    println!(
-        "orders example: SQLite database {}",
-        url.trim_start_matches("sqlite:")
-    );
-    serve(pool.clone(), pool, None, settings).await
+    let file = url.trim_start_matches("sqlite:").trim_start_matches("//");
+    let file = file.split('?').next().unwrap_or(file);
+    let path = std::path::absolute(file).unwrap_or_else(|_| file.into());
+    let database = format!("SQLite file {}", path.display());
+    serve(pool.clone(), pool, None, settings, database).await
 }
 
 #[cfg(not(feature = "sqlite"))]
@@ -413,7 +431,8 @@ async fn mysql(url: &str, settings: Settings) -> Result<(), Box<dyn std::error::
         .acquire_timeout(Duration::from_secs(5))
         .connect_lazy(url)?;
     prepare::<MySqlStore>(&pool, url).await?;
-    serve(pool.clone(), pool, None, settings).await
+    let database = format!("MySQL/MariaDB {}", redacted(url));
+    serve(pool.clone(), pool, None, settings, database).await
 }
 
 #[cfg(not(feature = "mysql"))]
@@ -453,7 +472,8 @@ async fn postgres(url: &str, settings: Settings) -> Result<(), Box<dyn std::erro
     // LISTEN does not work behind a transaction-pooling PgBouncer (no prepared
     // statements): the relay polls alone there.
     let wake = (settings.prepared != Some(false)).then(|| Listener::postgres(config));
-    serve(pool.clone(), pool, wake, settings).await
+    let database = format!("PostgreSQL {}", redacted(url));
+    serve(pool.clone(), pool, wake, settings, database).await
 }
 
 #[cfg(not(feature = "deadpool"))]
@@ -471,13 +491,14 @@ fn missing_feature(url: &str, feature: &str) -> Box<dyn std::error::Error> {
     .into()
 }
 
-/// Serves the application on `store`'s database until Ctrl-C or SIGTERM, then drains the
-/// requests in flight and stops the relay.
+/// Serves the application on `store`'s database (described by `database`, as printed) until
+/// Ctrl-C or SIGTERM, then drains the requests in flight and stops the relay.
 async fn serve<P>(
     store: P,
     pool: <P::Store as OrdersDb>::Pool,
     wake: Option<Listener>,
     settings: Settings,
+    database: String,
 ) -> Result<(), Box<dyn std::error::Error>>
 where
     P: IntoStore + Clone + Send + Sync + 'static,
@@ -500,10 +521,10 @@ where
     }
     let relay = relay::start(store, wake, settings.prepared.unwrap_or(true)).await?;
     let listener = tokio::net::TcpListener::bind(settings.bind).await?;
-    println!(
-        "orders example listening on http://{}",
-        listener.local_addr()?
-    );
+    let addr = listener.local_addr()?;
+    println!("orders example listening on http://{addr}");
+    println!("database: {database}");
+    println!("{}", first_request(addr));
     // ADMIN_PASSWORD: the troubleshooting console at /admin/.
     let console = console::router(admin, {
         let metrics = settings.metrics.clone();

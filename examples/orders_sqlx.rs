@@ -41,6 +41,8 @@ mod errors;
 mod json;
 #[path = "support/jsonl_archive.rs"]
 mod jsonl_archive;
+#[path = "support/log.rs"]
+mod log;
 #[path = "support/openapi.rs"]
 mod openapi;
 #[path = "support/relay.rs"]
@@ -56,7 +58,7 @@ struct NewOrder {
     amount: i64,
 }
 
-#[derive(Serialize, sqlx::FromRow)]
+#[derive(Serialize)]
 struct Order {
     order_no: String,
     user_id: i64,
@@ -202,14 +204,19 @@ async fn get_order(
     State(pool): State<PgPool>,
     Path(order_no): Path<String>,
 ) -> Result<Response, AppError> {
-    let order: Option<Order> =
+    let row: Option<(String, i64, i64)> =
         sqlx::query_as("SELECT order_no, user_id, amount FROM orders WHERE order_no = $1")
             .bind(order_no)
             .persistent(prepared_statements())
             .fetch_optional(&pool)
             .await?;
-    Ok(match order {
-        Some(order) => Json(order).into_response(),
+    Ok(match row {
+        Some((order_no, user_id, amount)) => Json(Order {
+            order_no,
+            user_id,
+            amount,
+        })
+        .into_response(),
         None => StatusCode::NOT_FOUND.into_response(),
     })
 }
@@ -335,15 +342,11 @@ impl std::error::Error for Startup {
 const LINK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "axum_idempotency=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only for a terminal, never into a redirected log.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // Colours only for a terminal, never into a redirected log.
+    log::init(
+        std::io::stderr,
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    );
     let metrics = PrometheusBuilder::new().install_recorder()?;
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());

@@ -1,5 +1,5 @@
 //! The README's PostgreSQL quickstart (tokio-postgres over deadpool): `cargo run --example quickstart_postgres`.
-//! (`tests/readme.rs` checks that the README shows the code below as it is.)
+//! (`tests-integration/tests/readme.rs` checks that the README shows the code below as it is.)
 
 use axum::{Json, Router, http::StatusCode, response::IntoResponse, routing::post};
 use axum_idempotency::postgres::{

@@ -1,5 +1,5 @@
 //! The README's sqlx quickstart: `cargo run --example quickstart_sqlx --features sqlx`.
-//! (`tests/readme.rs` checks that the README shows the code below as it is.)
+//! (`tests-integration/tests/readme.rs` checks that the README shows the code below as it is.)
 
 use axum::{Json, Router, http::StatusCode, response::IntoResponse, routing::post};
 use axum_idempotency::sqlx::IdempotentTx;

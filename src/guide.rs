@@ -3,6 +3,7 @@
 //!
 //! | guide | read it for |
 //! | --- | --- |
+//! | [`quickstarts`] | the quickstarts for PostgreSQL, MySQL/MariaDB and sqlx, the features, what each database relies on, the requirements, the repository's example service and tests |
 //! | [`atomic`] | atomic mode ([`IdempotentTx`](crate::IdempotentTx)): choosing a driver, configuration, the request flow, status codes, the store policy, derived keys, every guarantee and its limits, measured cost |
 //! | [`lease`] | lease mode ([`IdempotentLease`](crate::IdempotentLease)) for side effects outside the database: the state machine, fencing tokens, recording the handler's result in the database |
 //! | [`inbox`] | the [`Inbox`](crate::Inbox) for message consumers: duplicates, failures, dead-lettering |
@@ -18,6 +19,9 @@
 //! | [`stability`] | what belongs to the API: the HTTP contract, metric names, the schema, the minimum Rust per feature, the public dependencies and their re-exports |
 //! | [`design`] | why it is built this way, and what the alternatives cost when measured: the claim's shapes and round trips, lease mode's completion, the two drivers, where the time goes |
 //! | [`architecture`] | for contributors: the module map, which part may import which, and the test that checks it |
+
+#[doc = include_str!("../docs/quickstarts.md")]
+pub mod quickstarts {}
 
 #[doc = include_str!("../docs/atomic.md")]
 pub mod atomic {}

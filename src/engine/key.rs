@@ -655,115 +655,126 @@ mod tests {
     mod properties {
         use super::*;
         use crate::engine::key::model::{key as model, sf_string};
-        use proptest::prelude::*;
+        use crate::engine::testing::Gen;
 
         /// Bytes biased towards the interesting ones: quotes, backslashes, space, the
         /// edges of printable ASCII, and anything else.
-        fn hostile_byte() -> impl Strategy<Value = u8> {
-            prop_oneof![
-                4 => 0x21u8..=0x7e,
-                1 => Just(b'"'),
-                1 => Just(b'\\'),
-                1 => Just(b' '),
-                1 => prop::sample::select(vec![0x00, 0x09, 0x1f, 0x7f, 0x80, 0xc3, 0xe9, 0xff]),
-                1 => any::<u8>(),
-            ]
+        fn hostile_byte(g: &mut Gen) -> u8 {
+            match g.weighted(&[4, 1, 1, 1, 1, 1]) {
+                0 => g.u8_in(0x21..=0x7e),
+                1 => b'"',
+                2 => b'\\',
+                3 => b' ',
+                4 => *g.pick(&[0x00, 0x09, 0x1f, 0x7f, 0x80, 0xc3, 0xe9, 0xff]),
+                _ => g.u8_in(0..=0xff),
+            }
         }
 
         /// The bytes parameters are made of, and a few that break them.
-        fn parameter_byte() -> impl Strategy<Value = u8> {
-            prop_oneof![
-                3 => Just(b';'),
-                3 => Just(b'='),
-                2 => Just(b' '),
-                6 => b'a'..=b'z',
-                3 => b'0'..=b'9',
-                1 => prop::sample::select(b"\"?:-.*_/+AZ\\\t".to_vec()),
-            ]
+        fn parameter_byte(g: &mut Gen) -> u8 {
+            match g.weighted(&[3, 3, 2, 6, 3, 1]) {
+                0 => b';',
+                1 => b'=',
+                2 => b' ',
+                3 => g.u8_in(b'a'..=b'z'),
+                4 => g.u8_in(b'0'..=b'9'),
+                _ => *g.pick(b"\"?:-.*_/+AZ\\\t"),
+            }
         }
 
-        fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
-            prop_oneof![
-                prop::collection::vec(any::<u8>(), 0..600),
-                prop::collection::vec(hostile_byte(), 0..300),
+        fn hostile_bytes(g: &mut Gen) -> Vec<u8> {
+            match g.below(5) {
+                0 => g.vec(0..600, |g| g.u8_in(0..=0xff)),
+                1 => g.vec(0..300, hostile_byte),
                 // Wrapped in quotes, so the quoted branch is exercised often.
-                prop::collection::vec(hostile_byte(), 0..300).prop_map(|mut inner| {
-                    inner.insert(0, b'"');
-                    inner.push(b'"');
-                    inner
-                }),
+                2 => {
+                    let mut raw = vec![b'"'];
+                    raw.extend(g.vec(0..300, hostile_byte));
+                    raw.push(b'"');
+                    raw
+                }
                 // A quoted key and parameters, well-formed or nearly.
-                (
-                    prop::collection::vec(0x21u8..=0x7e, 1..20),
-                    prop::collection::vec(parameter_byte(), 0..40),
-                )
-                    .prop_map(|(key, params)| {
-                        let mut raw: Vec<u8> = format!(
-                            "\"{}\"",
-                            String::from_utf8(key)
-                                .unwrap()
-                                .replace('\\', "\\\\")
-                                .replace('"', "\\\"")
-                        )
-                        .into_bytes();
-                        raw.extend(params);
-                        raw
-                    }),
+                3 => {
+                    let key = g.vec(1..20, |g| g.u8_in(0x21..=0x7e));
+                    let params = g.vec(0..40, parameter_byte);
+                    let mut raw: Vec<u8> = format!(
+                        "\"{}\"",
+                        String::from_utf8(key)
+                            .unwrap()
+                            .replace('\\', "\\\\")
+                            .replace('"', "\\\"")
+                    )
+                    .into_bytes();
+                    raw.extend(params);
+                    raw
+                }
                 // Around the length limit.
-                (250usize..=262).prop_map(|len| vec![b'k'; len]),
-            ]
+                _ => vec![b'k'; g.usize_in(250..=262)],
+            }
         }
 
-        fn printable_key() -> impl Strategy<Value = String> {
-            prop::collection::vec(0x20u8..=0x7e, 1..=MAX_KEY_LEN)
-                .prop_map(|bytes| String::from_utf8(bytes).unwrap())
-        }
-
-        proptest! {
-            #![proptest_config(ProptestConfig::with_cases(512))]
-
-            #[test]
-            fn parse_never_panics_and_accepts_exactly_the_documented_language(
-                raw in hostile_bytes()
-            ) {
+        #[test]
+        fn parse_never_panics_and_accepts_exactly_the_documented_language() {
+            let mut g = Gen::new(0x6b65_795f_6c61_6e67);
+            for _ in 0..512 {
+                let raw = hostile_bytes(&mut g);
                 let parsed = IdempotencyKey::parse(&raw);
                 let expected = model(&raw);
-                prop_assert_eq!(
+                assert_eq!(
                     parsed.as_ref().ok().map(IdempotencyKey::as_str),
                     expected.as_deref(),
-                    "{:?} parsed to {:?}", raw, parsed
+                    "{raw:?} parsed to {parsed:?}"
                 );
                 if let Ok(key) = parsed {
-                    prop_assert!((1..=MAX_KEY_LEN).contains(&key.as_str().len()));
-                    prop_assert!(key.as_str().bytes().all(|b| (0x20..=0x7e).contains(&b)));
+                    assert!((1..=MAX_KEY_LEN).contains(&key.as_str().len()), "{raw:?}");
+                    assert!(
+                        key.as_str().bytes().all(|b| (0x20..=0x7e).contains(&b)),
+                        "{raw:?}"
+                    );
                 }
             }
+        }
 
-            #[test]
-            fn every_printable_key_round_trips_as_an_sf_string(key in printable_key()) {
+        #[test]
+        fn every_printable_key_round_trips_as_an_sf_string() {
+            let mut g = Gen::new(0x726f_756e_6474_7269);
+            for _ in 0..512 {
+                let key = g.printable_string(1..=MAX_KEY_LEN);
                 let quoted = IdempotencyKey::parse(sf_string(&key).as_bytes()).unwrap();
-                prop_assert_eq!(quoted.as_str(), key.as_str());
+                assert_eq!(quoted.as_str(), key.as_str(), "{key:?}");
                 // The bare form, where it exists, names the same key.
                 if !key.contains([' ', '"']) {
                     let bare = IdempotencyKey::parse(key.as_bytes()).unwrap();
-                    prop_assert_eq!(&bare, &quoted);
-                    prop_assert_eq!(RecordId::new("s", &bare), RecordId::new("s", &quoted));
+                    assert_eq!(&bare, &quoted, "{key:?}");
+                    assert_eq!(
+                        RecordId::new("s", &bare),
+                        RecordId::new("s", &quoted),
+                        "{key:?}"
+                    );
                 } else {
-                    prop_assert!(IdempotencyKey::parse(key.as_bytes()).is_err());
+                    assert!(IdempotencyKey::parse(key.as_bytes()).is_err(), "{key:?}");
                 }
             }
+        }
 
-            #[test]
-            fn keys_past_the_limit_are_refused_in_both_forms(
-                key in prop::collection::vec(0x21u8..=0x7e, MAX_KEY_LEN + 1..1200)
-                    .prop_map(|bytes| String::from_utf8(bytes).unwrap())
-            ) {
+        #[test]
+        fn keys_past_the_limit_are_refused_in_both_forms() {
+            let mut g = Gen::new(0x746f_6f5f_6c6f_6e67);
+            for _ in 0..512 {
+                let key = String::from_utf8(g.vec(MAX_KEY_LEN + 1..1200, |g| g.u8_in(0x21..=0x7e)))
+                    .unwrap();
                 let bare_err = IdempotencyKey::parse(key.as_bytes()).unwrap_err();
                 let quoted_err = IdempotencyKey::parse(sf_string(&key).as_bytes()).unwrap_err();
                 if !key.contains('"') {
-                    prop_assert!(matches!(bare_err, KeyError::TooLong { .. }), "{:?}", bare_err);
+                    assert!(
+                        matches!(bare_err, KeyError::TooLong { .. }),
+                        "{key:?}: {bare_err:?}"
+                    );
                 }
-                prop_assert!(matches!(quoted_err, KeyError::TooLong { .. }), "{:?}", quoted_err);
+                assert!(
+                    matches!(quoted_err, KeyError::TooLong { .. }),
+                    "{key:?}: {quoted_err:?}"
+                );
             }
         }
     }

@@ -17,4 +17,6 @@ pub(crate) mod policy;
 pub(crate) mod record;
 pub(crate) mod shared_tx;
 pub(crate) mod telemetry;
+#[cfg(test)]
+pub(crate) mod testing;
 pub(crate) mod view;

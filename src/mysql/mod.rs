@@ -56,9 +56,9 @@
 //! handler's own statements, the completion, the commit — and sqlx's no-op `ROLLBACK` with
 //! the pool's release check; a replay costs the look-up. Why the commit travels alone:
 //! on Galera a commit that shares its text query with other statements can be answered OK
-//! although certification rolled it back (`tests/galera/commit_errors.py` measures each
+//! although certification rolled it back (`tests-integration/tests/galera/commit_errors.py` measures each
 //! shape). Why the placeholder (a second write of the record's row): it is what answers an
-//! in-flight twin 409 at once; `benches/mysql-shapes/` measures each shape in the database
+//! in-flight twin 409 at once; `tests-integration/benches/mysql-shapes/` measures each shape in the database
 //! alone.
 //!
 //! A pooled connection that comes out of the pool inside a transaction nobody ended — a

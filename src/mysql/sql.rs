@@ -73,7 +73,7 @@ macro_rules! restore_lock_wait {
 /// or a Galera certification failure) is that statement's error. On Galera a commit that
 /// shares its text query with other statements can lose its error — the commit reported
 /// done, the transaction rolled back — even as the query's last statement
-/// (`tests/galera/commit_errors.py` measures each shape), so nothing rides with this one.
+/// (`tests-integration/tests/galera/commit_errors.py` measures each shape), so nothing rides with this one.
 pub(super) const COMMIT_AND_RESTORE: &str =
     concat!("SET ", restore_lock_wait!(), ", SESSION autocommit = 1");
 

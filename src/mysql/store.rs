@@ -51,7 +51,7 @@ async fn complete_bound(
 /// commit certified first rolls this transaction back, and Galera does not always report
 /// it: a brute-force abort that lands while a text query of several statements runs can
 /// end that transaction with no error, and the rest of the query (and the commit) then run
-/// outside it (`tests/galera.rs` meets it). The record the node now holds says what
+/// outside it (`tests-integration/tests/galera.rs` meets it). The record the node now holds says what
 /// happened: this request's answer (committed, or a twin's byte for byte the same, which is
 /// as true), or another one — then this request lost, and is answered as the twin's
 /// duplicate.

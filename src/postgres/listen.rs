@@ -42,15 +42,23 @@ impl Listener {
     /// `sslmode`.
     ///
     /// ```no_run
+    /// # use tokio_postgres::{Socket, tls::{MakeTlsConnect, TlsConnect}};
     /// # #[cfg(feature = "rabbitmq")]
-    /// # async fn run(pool: deadpool_postgres::Pool, amqp_url: String) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn run<T>(pool: deadpool_postgres::Pool, amqp_url: String, tls: T) -> Result<(), Box<dyn std::error::Error>>
+    /// # where
+    /// #     T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+    /// #     T::Stream: Send + 'static,
+    /// #     T::TlsConnect: Send,
+    /// #     <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    /// # {
     /// use axum_idempotency::outbox::{Listener, OutboxRelay, RabbitPublisher};
     ///
-    /// let tls = native_tls::TlsConnector::new()?;
+    /// // `tls`: for example, with postgres-native-tls and native-tls in your Cargo.toml,
+    /// // `postgres_native_tls::MakeTlsConnector::new(native_tls::TlsConnector::new()?)`.
     /// let relay = OutboxRelay::new(pool, RabbitPublisher::new(amqp_url))
     ///     .listen(Listener::postgres_with_tls(
     ///         "host=db.example.com user=app sslmode=require".parse()?,
-    ///         postgres_native_tls::MakeTlsConnector::new(tls),
+    ///         tls,
     ///     ))
     ///     .spawn();
     /// # Ok(()) }

@@ -46,7 +46,7 @@ async fn a_schema_laid_by_another_tool_is_adopted<D: PgDriver>() {
     let db = TestDb::bare(1).await;
     let client = db.pool.get().await.unwrap();
     client
-        .batch_execute(include_str!("../migrations/0001_schema.sql"))
+        .batch_execute(include_str!("../../migrations/0001_schema.sql"))
         .await
         .unwrap();
     client

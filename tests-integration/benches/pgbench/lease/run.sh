@@ -18,7 +18,7 @@
 #
 # It prints tps per round and how many of each table's updates were HOT.
 #
-#   bash benches/pgbench/lease/run.sh [seconds-per-run]   (default 6; 3 rounds)
+#   bash tests-integration/benches/pgbench/lease/run.sh [seconds-per-run]   (default 6; 3 rounds)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
@@ -27,7 +27,7 @@ SECONDS_PER_RUN="${1:-6}"
 trap 'psql "$URL" -X -q -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true' EXIT
 psql "$URL" -X -q -v ON_ERROR_STOP=1 -c "CREATE SCHEMA $SCHEMA" >/dev/null
 migrations=()
-for migration in ../../../migrations/0*.sql; do migrations+=(-f "$migration"); done
+for migration in ../../../../migrations/0*.sql; do migrations+=(-f "$migration"); done
 PGOPTIONS="-c search_path=$SCHEMA -c client_min_messages=warning" psql "$URL" -X -q -v ON_ERROR_STOP=1 \
     -c "CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, amount bigint NOT NULL)" \
     "${migrations[@]}" \

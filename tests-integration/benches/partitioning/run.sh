@@ -3,7 +3,7 @@
 # day (the article's suggestion for ~100 million records). Measures insert throughput,
 # lookup by id, and the cost of purging one day of records.
 #
-#   bash benches/partitioning/run.sh [rows-per-day]     (default 1000000; 3 days are loaded)
+#   bash tests-integration/benches/partitioning/run.sh [rows-per-day]     (default 1000000; 3 days are loaded)
 #
 # Needs psql and pgbench, and PostgreSQL at $DATABASE_URL.
 set -euo pipefail

@@ -245,6 +245,171 @@ async fn declares_the_idempotency_contract(example: &str) {
     );
 }
 
+/// The `Idempotency-Key` header's schema as `IdempotencyDoc` declares it: what a client
+/// generating from the document believes the layer accepts.
+struct KeySchema {
+    pattern: regex::Regex,
+    min_length: usize,
+    max_length: usize,
+}
+
+impl KeySchema {
+    fn declared() -> Self {
+        use axum::http::Method;
+        use axum_idempotency::openapi::IdempotencyDoc;
+        use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem};
+        use utoipa::openapi::{OpenApiBuilder, PathsBuilder};
+
+        let mut openapi = OpenApiBuilder::new()
+            .paths(PathsBuilder::new().path(
+                "/orders",
+                PathItem::new(HttpMethod::Post, OperationBuilder::new().build()),
+            ))
+            .build();
+        IdempotencyDoc::new()
+            .operation(Method::POST, "/orders")
+            .apply(&mut openapi)
+            .unwrap();
+        let json = serde_json::to_value(&openapi).unwrap();
+        let parameters = json["paths"]["/orders"]["post"]["parameters"]
+            .as_array()
+            .expect("parameters");
+        let key = parameters
+            .iter()
+            .find(|parameter| parameter["name"] == "Idempotency-Key")
+            .expect("the Idempotency-Key parameter");
+        assert_eq!(key["in"], "header");
+        let schema = &key["schema"];
+        let length = |name: &str| {
+            let length = schema[name]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{name}: {schema}"));
+            usize::try_from(length).unwrap()
+        };
+        Self {
+            pattern: regex::Regex::new(schema["pattern"].as_str().expect("the key's syntax"))
+                .unwrap(),
+            min_length: length("minLength"),
+            max_length: length("maxLength"),
+        }
+    }
+
+    fn admits(&self, value: &str) -> bool {
+        (self.min_length..=self.max_length).contains(&value.chars().count())
+            && self.pattern.is_match(value)
+    }
+}
+
+/// Whether the layer accepts `value` as an `Idempotency-Key`.
+fn accepted(value: &str) -> bool {
+    axum_idempotency::IdempotencyKey::parse(value.as_bytes()).is_ok()
+}
+
+#[test]
+fn the_key_schema_is_the_parser_s_language_at_its_limits() {
+    use axum_idempotency::MAX_KEY_LEN;
+    let schema = KeySchema::declared();
+    let bare = |n| "k".repeat(n);
+    let quoted = |n| format!("\"{}\"", "k".repeat(n));
+    let escaped = |n| format!("\"{}\"", "\\\"".repeat(n));
+    for value in [
+        bare(1),
+        bare(MAX_KEY_LEN),
+        bare(MAX_KEY_LEN + 1),
+        quoted(MAX_KEY_LEN),
+        quoted(MAX_KEY_LEN + 1),
+        escaped(MAX_KEY_LEN),
+        escaped(MAX_KEY_LEN + 1),
+        quoted(0),
+        String::new(),
+        "order 42".to_owned(),
+        "\"order 42\"".to_owned(),
+    ] {
+        assert_eq!(
+            schema.admits(&value),
+            accepted(&value),
+            "{} characters: {value:?}",
+            value.len()
+        );
+    }
+    assert!(schema.admits(&escaped(MAX_KEY_LEN)));
+    // The longest value the layer accepts is the longest the schema admits.
+    assert_eq!(escaped(MAX_KEY_LEN).len(), schema.max_length);
+}
+
+/// A seeded stream of pseudo-random values (splitmix64), so every run checks the same
+/// values and a failing one fails again.
+struct Gen(u64);
+
+impl Gen {
+    fn u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n`.
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.u64()) * n as u128) >> 64) as usize
+    }
+
+    /// A value in `range`.
+    fn usize_in(&mut self, range: std::ops::RangeInclusive<usize>) -> usize {
+        range.start() + self.below(range.end() - range.start() + 1)
+    }
+
+    /// A `char` from one of `ranges` (inclusive): a range chosen uniformly, then a `char`
+    /// uniformly within it.
+    fn char_in(&mut self, ranges: &[(char, char)]) -> char {
+        let (start, end) = ranges[self.below(ranges.len())];
+        let offset = self.below((end as usize) - (start as usize) + 1);
+        char::from_u32(start as u32 + offset as u32).unwrap()
+    }
+
+    /// `len` `char`s from `ranges`, the count drawn from `len`.
+    fn string(&mut self, len: std::ops::RangeInclusive<usize>, ranges: &[(char, char)]) -> String {
+        let len = self.usize_in(len);
+        (0..len).map(|_| self.char_in(ranges)).collect()
+    }
+
+    /// One of four families of header values: short printable ASCII, bare or quoted (with
+    /// its `"` and `\` unescaped, so often malformed); long bare tokens around the length
+    /// limit; and long well-formed quoted strings with escapes around it.
+    fn key_header(&mut self) -> String {
+        const PRINTABLE: &[(char, char)] = &[(' ', '~')];
+        match self.below(4) {
+            0 => self.string(0..=40, PRINTABLE),
+            1 => format!("\"{}\"", self.string(0..=40, PRINTABLE)),
+            2 => self.string(250..=260, &[('!', '!'), ('#', '~')]),
+            _ => {
+                let mut value = String::from("\"");
+                for _ in 0..self.usize_in(250..=260) {
+                    if self.below(2) == 0 {
+                        value.push(self.char_in(&[(' ', '!'), ('#', '['), (']', '~')]));
+                    } else {
+                        value.push('\\');
+                        value.push(self.char_in(&[('"', '"'), ('\\', '\\')]));
+                    }
+                }
+                value.push('"');
+                value
+            }
+        }
+    }
+}
+
+#[test]
+fn the_key_schema_admits_exactly_what_the_parser_accepts() {
+    let schema = KeySchema::declared();
+    let mut g = Gen(0x6b65_795f_7363_6865);
+    for _ in 0..256 {
+        let value = g.key_header();
+        assert_eq!(schema.admits(&value), accepted(&value), "{value:?}");
+    }
+}
+
 /// `IdempotencyDoc::for_layer` declares what the layer does: the key required or optional,
 /// and the 429 answer only on a layer with a per-key attempt limit.
 #[tokio::test]

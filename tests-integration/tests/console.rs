@@ -385,7 +385,7 @@ impl Browser {
 
     async fn screenshot(&self, name: &str) {
         let png = self.session("GET", "/screenshot", Value::Null).await;
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/console-screenshots");
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/console-screenshots");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join(format!("{name}.png")),

@@ -12,7 +12,7 @@
 #   e_no_lookup            as d without the autocommit lookup (a replay then costs a
 #                          transaction)                                                (4)
 #
-#   bash benches/pgbench/sqlx/run.sh [seconds-per-run] [rounds]   (default 5 and 3)
+#   bash tests-integration/benches/pgbench/sqlx/run.sh [seconds-per-run] [rounds]   (default 5 and 3)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
@@ -22,7 +22,7 @@ ROUNDS="${2:-3}"
 trap 'psql "$URL" -X -q -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>&1 || true' EXIT
 psql "$URL" -X -q -v ON_ERROR_STOP=1 -c "CREATE SCHEMA $SCHEMA" >/dev/null
 migrations=()
-for migration in ../../../migrations/0*.sql; do migrations+=(-f "$migration"); done
+for migration in ../../../../migrations/0*.sql; do migrations+=(-f "$migration"); done
 PGOPTIONS="-c search_path=$SCHEMA -c client_min_messages=warning" psql "$URL" -X -q -v ON_ERROR_STOP=1 \
     -c "CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, amount bigint NOT NULL)" \
     "${migrations[@]}" >/dev/null

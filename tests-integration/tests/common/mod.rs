@@ -602,7 +602,14 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
     if !binary.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let status = std::process::Command::new(cargo)
-            .args(["build", "--all-features", "--example", name])
+            .args([
+                "build",
+                "-p",
+                "axum-idempotency",
+                "--all-features",
+                "--example",
+                name,
+            ])
             .status()
             .unwrap();
         assert!(status.success(), "building the {name} example failed");

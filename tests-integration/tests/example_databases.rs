@@ -619,3 +619,90 @@ async fn two_processes_on_one_sqlite_file_run_a_key_once() {
         .unwrap();
     assert_eq!(orders, 1, "one order for one key across two processes");
 }
+
+/// What `cargo run` prints is enough for a first request: the address, the SQLite file's
+/// full path, and a `curl` that, pasted into a shell, creates an order (201) and, pasted
+/// again, is answered with the same order, replayed.
+#[cfg(feature = "sqlite")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_curl_creates_an_order_then_replays_it() {
+    use tokio::io::AsyncBufReadExt;
+    if std::process::Command::new("curl")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "curl is not installed (CI is set, so this is an error)"
+        );
+        eprintln!("skipped: curl is not installed");
+        return;
+    }
+    let dir = TempDir::new();
+    let mut child = tokio::process::Command::new(example_binary("orders"))
+        .current_dir(&dir.0)
+        .env_remove("DATABASE_URL")
+        .env_remove("AMQP_URL")
+        .env_remove("ADMIN_PASSWORD")
+        .env("BIND_ADDR", "127.0.0.1:0")
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let done = line.trim_start().starts_with("curl ");
+            printed.push(line);
+            if done {
+                return;
+            }
+        }
+        panic!("the example exited before printing a curl: {printed:?}");
+    })
+    .await
+    .expect("the example did not print a curl in 30 s");
+    let addr = printed
+        .iter()
+        .find_map(|line| line.split_once("listening on http://"))
+        .map(|(_, addr)| addr.trim().to_owned())
+        .expect("the address is printed");
+    let file = std::fs::canonicalize(dir.0.join("orders.db")).unwrap();
+    assert!(
+        printed
+            .iter()
+            .any(|line| line == &format!("database: SQLite file {}", file.display())),
+        "the database's full path is printed: {printed:?}"
+    );
+    let curl = printed.last().unwrap().trim().to_owned();
+    assert!(curl.contains(&format!("http://{addr}/orders")), "{curl}");
+
+    // Pasted twice: `-s` keeps curl's progress meter out of what the shell prints.
+    let paste = move || {
+        let output = std::process::Command::new("sh")
+            .args(["-c", &curl.replacen("curl ", "curl -s ", 1)])
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8(output.stdout)
+            .unwrap()
+            .replace("\r\n", "\n")
+    };
+    let first = tokio::task::spawn_blocking(paste.clone()).await.unwrap();
+    let again = tokio::task::spawn_blocking(paste).await.unwrap();
+    assert!(first.starts_with("HTTP/1.1 201 Created\n"), "{first}");
+    assert!(!first.contains("idempotent-replayed"), "{first}");
+    assert!(again.starts_with("HTTP/1.1 201 Created\n"), "{again}");
+    assert!(again.contains("idempotent-replayed: true\n"), "{again}");
+    let body = |answer: &str| answer.rsplit("\n\n").next().unwrap().to_owned();
+    assert_eq!(body(&first), body(&again));
+    assert!(
+        body(&first).contains(r#""user_id":1001,"amount":299"#),
+        "{first}"
+    );
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    stop(child).await;
+}

@@ -6,7 +6,7 @@
 # the claim of a completed record, then `ROLLBACK`) against the same lookup as one
 # autocommit statement. No HTTP, no Rust.
 #
-#   bash benches/pgbench/run.sh [seconds-per-run]      (default 10; each script runs 3 times)
+#   bash tests-integration/benches/pgbench/run.sh [seconds-per-run]      (default 10; each script runs 3 times)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
@@ -16,7 +16,7 @@ trap 'psql "$URL" -X -q -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" >/dev/null 2>
 psql "$URL" -X -q -v ON_ERROR_STOP=1 -c "CREATE SCHEMA $SCHEMA" >/dev/null
 PGOPTIONS="-c search_path=$SCHEMA" psql "$URL" -X -q -v ON_ERROR_STOP=1 \
     -c "CREATE TABLE orders (id bigserial PRIMARY KEY, user_id bigint NOT NULL, amount bigint NOT NULL)" \
-    -f ../../migrations/0001_schema.sql >/dev/null
+    -f ../../../migrations/0001_schema.sql >/dev/null
 # Completed records for the replay scripts: ids md5(1) … md5(100000).
 PGOPTIONS="-c search_path=$SCHEMA" psql "$URL" -X -q -v ON_ERROR_STOP=1 -c "
     INSERT INTO idempotency_records (id, scope, fingerprint, status, headers, body, expires_at)

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The MySQL driver's statement shapes in the database alone (MariaDB), against the crate's own
 # schema (migrations/mysql/*.sql). Usage, from the crate root:
-#   bash benches/mysql-shapes/run.sh [seconds=5] [rounds=3]
+#   bash tests-integration/benches/mysql-shapes/run.sh [seconds=5] [rounds=3]
 # Prints, per round, each shape's transactions per second and its ratio to s0_bare of the same
 # round. Each line of an s*.sql file is one text query (one COM_QUERY, one round trip);
 # `;` inside a line separates the statements of one multi-statement query.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-REPO=${REPO:-$PWD}; T=${1:-5}; R=${2:-3}; C=${CONCURRENCY:-16}
+REPO=${REPO:-$(cd "$here/../../.." && pwd)}; T=${1:-5}; R=${2:-3}; C=${CONCURRENCY:-16}
 HOST=${MYSQL_HOST:-127.0.0.1}; PORT=${MYSQL_PORT:-3306}; USER=${MYSQL_USER:-root}
 DB=mysql_shapes_$$
 conn=(-h "$HOST" -P "$PORT" -u "$USER" --protocol=tcp --skip-ssl)

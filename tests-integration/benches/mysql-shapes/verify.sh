@@ -4,10 +4,10 @@
 # included), then runs it again unobserved and prints the server's counters per transaction.
 # MariaDB's `Questions` counts statements (each statement of a multi-statement query), not
 # packets; the COM_QUERY count is the round-trip count.
-# Usage, from the crate root: bash benches/mysql-shapes/verify.sh [shape=s5_commit_in_complete]...
+# Usage, from the crate root: bash tests-integration/benches/mysql-shapes/verify.sh [shape=s5_commit_in_complete]...
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-REPO=${REPO:-$PWD}; C=16; N=50
+REPO=${REPO:-$(cd "$here/../../.." && pwd)}; C=16; N=50
 HOST=${MYSQL_HOST:-127.0.0.1}; PORT=${MYSQL_PORT:-3306}; USER=${MYSQL_USER:-root}
 DB=mysql_shapes_verify_$$
 conn=(-h "$HOST" -P "$PORT" -u "$USER" --protocol=tcp --skip-ssl)
