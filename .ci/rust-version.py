@@ -28,6 +28,7 @@ PUBLIC_FEATURES = [
     "rabbitmq",
     "client",
     "utoipa",
+    "gateway",
 ]
 
 

@@ -11,6 +11,7 @@
 //! | [`rabbitmq_cluster`] | running with a RabbitMQ cluster: quorum queues, what a confirm guarantees, several addresses, a node failure step by step, why the Inbox is still required, `x-delivery-limit` and `max_attempts` |
 //! | `client` (feature `client`) | calling an idempotent API: one key per intent, what to retry, the retrying `reqwest-middleware` middleware |
 //! | `openapi` (feature `utoipa`) | declaring the contract in a utoipa OpenAPI document: the header, the problem responses and their codes, `Idempotent-Replayed` |
+//! | [`gateway`] | `idempotency-gateway` (feature `gateway`): the same guarantees for services in any language, as a reverse proxy; every setting and every answer |
 //! | [`operations`] | running it: supported Rust and PostgreSQL versions, the schema and migrations (with your own migration tool, in a schema of your own), several instances behind a load balancer, the sweeper, the admin API, metrics, the caches and the Redis front line, hot keys, PgBouncer, scaling, Galera |
 //! | [`failover`] | running with a standby: a multi-host URL, what clients see during a failover, durability with synchronous and asynchronous replication |
 //! | [`monitoring`] | the Grafana dashboard and Prometheus alerts shipped in `monitoring/`: wiring the recorder, importing the dashboard, loading the rules, and a runbook for every alert |
@@ -47,6 +48,9 @@ pub mod client {}
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 #[doc = include_str!("../docs/openapi.md")]
 pub mod openapi {}
+
+#[doc = include_str!("../docs/gateway.md")]
+pub mod gateway {}
 
 #[doc = include_str!("../docs/operations.md")]
 pub mod operations {}

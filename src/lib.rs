@@ -50,7 +50,7 @@ pub use crate::engine::crypto::BodyKeys;
 pub use crate::engine::crypto::EncryptionError;
 pub use crate::engine::error::Error;
 pub use crate::engine::key::{
-    IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
+    BODY_OMITTED_HEADER, IDEMPOTENCY_KEY, IdempotencyKey, KeyError, MAX_KEY_LEN, REPLAYED_HEADER,
 };
 pub use crate::engine::policy::StoreDecision;
 pub use crate::engine::record::Archive;
@@ -59,7 +59,7 @@ pub use crate::engine::view::{
     RecordInfo, ResponseBody, StoredResponse,
 };
 pub use crate::http::config::ClaimMode;
-pub use crate::http::lease::IdempotentLease;
+pub use crate::http::lease::{IdempotentLease, OutcomeUnknown};
 pub use crate::http::rejection::{Rejection, RejectionKind};
 pub use crate::http::{Idempotency, IdempotencyLayer, ResponseFuture};
 pub use crate::inbox::{Inbox, InboxError};

@@ -15,6 +15,12 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// The response header that marks a replayed response.
 pub const REPLAYED_HEADER: &str = "idempotent-replayed";
 
+/// The response header of a lease-mode replay whose body was too large to store
+/// ([`IdempotencyLayer::response_limit`](crate::IdempotencyLayer::response_limit)): the
+/// first answer went out whole; a repeat gets its status and headers, an empty body and
+/// this header, `true`.
+pub const BODY_OMITTED_HEADER: &str = "idempotent-body-omitted";
+
 /// The longest key accepted, in characters after unquoting.
 pub const MAX_KEY_LEN: usize = 255;
 

@@ -69,6 +69,7 @@ pub(crate) enum RequestOutcome {
     LeaseLost,
     BodyRejected,
     TooManyAttempts,
+    OutcomeUnknown,
 }
 
 impl RequestOutcome {
@@ -85,6 +86,7 @@ impl RequestOutcome {
             Self::LeaseLost => "lease_lost",
             Self::BodyRejected => "body_rejected",
             Self::TooManyAttempts => "too_many_attempts",
+            Self::OutcomeUnknown => "outcome_unknown",
         }
     }
 }

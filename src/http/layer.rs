@@ -185,8 +185,11 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
         self.with(|c| c.body_timeout = timeout)
     }
 
-    /// Largest response body that can be stored; a larger one rolls the work back and
-    /// answers 500. Default: 1 MiB.
+    /// Largest response body that can be stored. Default: 1 MiB. In atomic mode a larger
+    /// one rolls the work back and answers 500. In lease mode the work has happened
+    /// outside the database: the response goes out whole and is kept without its body, so
+    /// a repeat gets its status and headers, an empty body and
+    /// [`Idempotent-Body-Omitted: true`](crate::BODY_OMITTED_HEADER), and never runs again.
     #[must_use]
     pub fn response_limit(self, bytes: usize) -> Self {
         self.with(|c| c.response_limit = bytes)
@@ -270,8 +273,10 @@ impl<D: LeaseStore> IdempotencyLayer<D> {
     }
 
     /// While another request with the same key is in flight, wait up to `timeout` for it
-    /// to finish and then replay its response, instead of answering 409 at once. The
-    /// waiting request holds a pooled connection. Default: no waiting.
+    /// to finish and then replay its response, instead of answering 409 at once. In atomic
+    /// mode the waiting request holds a pooled connection, waiting on the key's lock; in
+    /// lease mode it polls the record (no connection held between polls) and, should the
+    /// holder's lease run out meanwhile, takes the key over. Default: no waiting.
     #[must_use]
     pub fn wait_for_in_flight(self, timeout: Duration) -> Self {
         self.with(|c| c.wait_for_in_flight = Some(timeout))

@@ -11,7 +11,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox};
+use axum_idempotency::{IdempotencyLayer, IdempotentLease, IdempotentTx, Inbox, OutcomeUnknown};
 use common::recorder::{Capture, Recorder};
 use common::*;
 use serde_json::{Value, json};
@@ -69,6 +69,14 @@ async fn charge(
     }
     if body["panic_first"].as_bool() == Some(true) && attempt == 1 {
         panic!("gateway client bug");
+    }
+    if body["unknown_first"].as_bool() == Some(true) && attempt == 1 {
+        // Sent, and no answer: the effect may have happened.
+        return (StatusCode::GATEWAY_TIMEOUT, OutcomeUnknown, "no answer").into_response();
+    }
+    if let Some(bytes) = body["answer_bytes"].as_u64() {
+        let answer = format!("{attempt}:{}", "x".repeat(bytes as usize));
+        return (StatusCode::CREATED, answer).into_response();
     }
     let status = match (body["fail_first"].as_u64(), attempt) {
         (Some(code), 1) => StatusCode::from_u16(code as u16).unwrap(),
@@ -494,9 +502,118 @@ async fn a_handler_with_both_extractors_is_refused_with_its_own_code<D: Driver>(
     db.assert_settles().await;
 }
 
+/// A holder that cannot tell whether its effect happened (`OutcomeUnknown`) stores nothing
+/// and keeps the key until its lease runs out: a repeat meanwhile is 409 with the seconds
+/// left, the first repeat after it runs again with a higher fencing token.
+async fn an_unknown_outcome_holds_the_key_until_the_lease_runs_out<D: Driver>() {
+    let db = D::db(2).await;
+    let seen = Seen::new(None);
+    let app = app::<D>(&db, &seen, |l| l.lease(Duration::from_secs(2)));
+    let request = || {
+        post_json(
+            "/charges",
+            Some("pay-unknown"),
+            &json!({"unknown_first": true}),
+        )
+    };
+    let first = send(&app, request()).await;
+    assert_eq!(first.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(!first.replayed());
+    let (state, _, token, _, live) = record(&db).await;
+    assert_eq!((state.as_str(), token, live), ("PROCESSING", 1, true));
+
+    let during = send(&app, request()).await;
+    assert_eq!(during.status, StatusCode::CONFLICT);
+    assert_eq!(during.problem_code(), "in_flight");
+    let retry_after: u32 = during.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=2).contains(&retry_after),
+        "the seconds left: {retry_after}"
+    );
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1, "not run while held");
+
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    let after = send(&app, request()).await;
+    assert_eq!(after.status, StatusCode::CREATED);
+    let token_after = after.json()["token"].as_i64().unwrap();
+    assert!(
+        token_after > token,
+        "a higher fencing token: {token_after} after {token}"
+    );
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 2);
+    assert!(send(&app, request()).await.replayed());
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 2);
+}
+
+/// With `wait_for_in_flight`, a twin waits for the holder and replays its answer; the
+/// handler runs once.
+async fn a_twin_waits_for_the_holder_and_replays<D: Driver>() {
+    let db = D::db(2).await;
+    let gate = Arc::new(Semaphore::new(0));
+    let seen = Seen::new(Some(Arc::clone(&gate)));
+    let app = app::<D>(&db, &seen, |l| {
+        l.wait_for_in_flight(Duration::from_secs(10))
+    });
+    let request = || post_json("/charges", Some("pay-wait"), &json!({}));
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request()).await }
+    });
+    seen.wait_started().await;
+    let twin = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request()).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.add_permits(1);
+    let (first, twin) = (first.await.unwrap(), twin.await.unwrap());
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(twin.status, StatusCode::CREATED);
+    assert!(twin.replayed());
+    assert_eq!(twin.body, first.body);
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1);
+}
+
+/// An answer larger than `response_limit` goes out whole and is kept without its body: a
+/// repeat gets the status, an empty body and `Idempotent-Body-Omitted`, and never runs again.
+async fn an_answer_over_the_limit_is_kept_without_its_body<D: Driver>() {
+    let db = D::db(2).await;
+    let seen = Seen::new(None);
+    let app = app::<D>(&db, &seen, |l| l.response_limit(1000));
+    let request = || post_json("/charges", Some("pay-big"), &json!({"answer_bytes": 5000}));
+    let first = send(&app, request()).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.body.len(), 5002, "answered whole");
+    assert!(!first.headers.contains_key("idempotent-body-omitted"));
+    for _ in 0..2 {
+        let repeat = send(&app, request()).await;
+        assert_eq!(repeat.status, StatusCode::CREATED);
+        assert!(repeat.replayed());
+        assert_eq!(repeat.headers["idempotent-body-omitted"], "true");
+        assert!(repeat.body.is_empty(), "{:?}", repeat.body);
+        assert_eq!(
+            repeat.headers["content-type"], first.headers["content-type"],
+            "kept headers are replayed"
+        );
+    }
+    assert_eq!(seen.calls.load(Ordering::SeqCst), 1, "never run again");
+    let (state, ..) = record(&db).await;
+    assert_eq!(state, "SUCCESS");
+}
+
 for_each_database! {
     #[tokio::test]
     async a_handler_with_both_extractors_is_refused_with_its_own_code;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async an_unknown_outcome_holds_the_key_until_the_lease_runs_out;
+    #[tokio::test]
+    async an_answer_over_the_limit_is_kept_without_its_body;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async a_twin_waits_for_the_holder_and_replays;
     #[tokio::test]
     async lease_commits_processing_first_and_success_after;
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

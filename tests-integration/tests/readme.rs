@@ -71,9 +71,20 @@ fn every_quickstart_shown_is_its_example_file() {
     );
 }
 
+/// The part of `markdown` under the heading `title`, up to the next heading of its level.
+fn section<'a>(markdown: &'a str, title: &str) -> &'a str {
+    let start = markdown
+        .find(&format!("\n## {title}\n"))
+        .unwrap_or_else(|| panic!("no section {title:?}"));
+    let rest = &markdown[start + 1..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |at| at + 3);
+    &rest[..end]
+}
+
 #[test]
 fn the_readme_s_two_commands_are_the_ones_ci_runs() {
-    let commands = shell_lines(&repo("README.md"));
+    let readme = repo("README.md");
+    let commands = shell_lines(section(&readme, "The two commands"));
     assert_eq!(
         commands,
         [
@@ -144,4 +155,62 @@ fn every_run_command_shown_builds_its_example() {
         }
         assert!(seen > 0, "{document} shows no run command");
     }
+}
+
+/// The README's gateway commands install and run the binary the manifest declares, behind
+/// the feature it names.
+#[test]
+fn the_gateway_commands_name_the_binary_and_its_feature() {
+    let readme = repo("README.md");
+    let commands = shell_lines(section(&readme, "The gateway: any language"));
+    assert_eq!(
+        commands,
+        [
+            "cargo install axum-idempotency --features gateway",
+            "UPSTREAM_URL=http://127.0.0.1:9000 idempotency-gateway",
+        ]
+    );
+    let manifest = repo("Cargo.toml");
+    let bin = manifest.split("[[bin]]").nth(1).expect("a [[bin]] section");
+    assert!(bin.contains("name = \"idempotency-gateway\""), "{bin}");
+    assert!(bin.contains("required-features = [\"gateway\"]"), "{bin}");
+    assert!(manifest.contains("\ngateway = ["), "the feature exists");
+}
+
+/// The guide's table of settings is what the gateway reads: every row a variable its
+/// configuration reads, every variable it reads a row (or, for `CONSOLE_TOKEN` and
+/// `RUST_LOG`, named in the guide).
+#[test]
+fn the_gateway_guide_lists_every_setting_the_gateway_reads() {
+    let guide = repo("docs/gateway.md");
+    let rows: Vec<&str> = guide
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split_once("` |"))
+        .map(|(name, _)| name)
+        .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .collect();
+    let config = repo("src/bin/idempotency-gateway/config.rs");
+    let code = &config[..config.find("#[cfg(test)]").unwrap_or(config.len())];
+    let mut read: Vec<&str> = code
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|text| text.len() > 3 && text.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .collect();
+    read.sort_unstable();
+    read.dedup();
+    for name in &rows {
+        assert!(
+            read.contains(name),
+            "the guide lists {name}, which the gateway does not read"
+        );
+    }
+    for name in &read {
+        assert!(
+            rows.contains(name) || guide.contains(&format!("`{name}`")),
+            "the gateway reads {name}, which the guide does not name"
+        );
+    }
+    assert_eq!(rows.len(), 15, "{rows:?}");
 }

@@ -10,6 +10,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 pub(crate) mod delay_proxy;
+pub(crate) mod http;
 
 pub(crate) const INSERT_ORDER: &str =
     "INSERT INTO orders (user_id, amount) VALUES ($1, $2) RETURNING id";
