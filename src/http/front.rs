@@ -29,6 +29,15 @@ impl<D: LeaseStore> RequestState<D> {
         ))
     }
 
+    /// This very request's answer (the same fingerprint) from the in-process cache: a
+    /// replay that needs neither the handler nor the store. Another request under the key
+    /// is left to the extractor, which answers it as the route requires.
+    pub(crate) fn cached_replay(&self) -> Option<Response> {
+        let cached = self.config.cache.as_ref()?.get(self.id)?;
+        (cached.fingerprint == self.fingerprint)
+            .then(|| replay(cached.status, cached.headers.clone(), cached.body.clone()))
+    }
+
     /// A completed response found before PostgreSQL was asked: replayed to the same
     /// request, 422 to another.
     pub(crate) fn answer_completed(

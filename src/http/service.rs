@@ -191,6 +191,10 @@ where
         Some(key),
         fingerprint,
     ));
+    // A replay from the in-process cache: no handler, no task.
+    if let Some(answer) = state.cached_replay() {
+        return Ok(finalize(answer, config.on_rejection.as_ref()));
+    }
     parts.extensions.insert(KeyedRequest(Arc::clone(&state)));
     parts
         .extensions

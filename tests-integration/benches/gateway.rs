@@ -240,7 +240,13 @@ async fn main() {
         seconds.as_secs()
     );
     for (name, url) in &stores {
-        let guarded = start_gateway(upstream, &[("DATABASE_URL", url.as_str())]).await;
+        let extra = std::env::var("GATEWAY_BENCH_ENV").unwrap_or_default();
+        let mut env = vec![("DATABASE_URL", url.as_str())];
+        for pair in extra.split(',').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap();
+            env.push((name, value));
+        }
+        let guarded = start_gateway(upstream, &env).await;
         let plain = start_gateway(
             upstream,
             &[("DATABASE_URL", url.as_str()), ("GATEWAY_METHODS", "")],
@@ -257,16 +263,19 @@ async fn main() {
         run(guarded.addr, Path::New, concurrency, Duration::from_secs(1)).await;
         println!("\n{name}");
         println!(
-            "round | pass-through rps, p50 | new × pass, p50 (+added) | replay × pass, p50 (+added)"
+            "round | pass-through rps, p50 | new × pass, p50 (added) | replay × pass, p50 (added)"
         );
         let mut rows = Vec::new();
         for round in 1..=rounds {
             let pass = run(plain.addr, Path::PassThrough, concurrency, seconds).await;
             let new = run(guarded.addr, Path::New, concurrency, seconds).await;
             let replay = run(guarded.addr, Path::Replay, concurrency, seconds).await;
-            let added = |f: &Figures| micros(f.p50.saturating_sub(pass.p50));
+            let added = |f: &Figures| {
+                let (a, b) = (f.p50.as_secs_f64(), pass.p50.as_secs_f64());
+                format!("{:+.0} µs", (a - b) * 1e6)
+            };
             println!(
-                "{round} | {:.0}, {} | {:.2}, {} (+{}) | {:.2}, {} (+{})",
+                "{round} | {:.0}, {} | {:.2}, {} ({}) | {:.2}, {} ({})",
                 pass.rps,
                 micros(pass.p50),
                 new.rps / pass.rps,
@@ -274,11 +283,7 @@ async fn main() {
                 added(&new),
                 replay.rps / pass.rps,
                 micros(replay.p50),
-                if replay.p50 < pass.p50 {
-                    format!("-{}", micros(pass.p50 - replay.p50))
-                } else {
-                    added(&replay)
-                },
+                added(&replay),
             );
             rows.push((new.rps / pass.rps, replay.rps / pass.rps));
         }

@@ -212,5 +212,5 @@ fn the_gateway_guide_lists_every_setting_the_gateway_reads() {
             "the gateway reads {name}, which the guide does not name"
         );
     }
-    assert_eq!(rows.len(), 15, "{rows:?}");
+    assert_eq!(rows.len(), 16, "{rows:?}");
 }

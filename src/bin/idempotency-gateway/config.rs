@@ -48,6 +48,8 @@ pub(crate) struct Settings {
     pub(crate) response_limit: usize,
     pub(crate) keep_headers: Vec<HeaderName>,
     pub(crate) ttl: Duration,
+    /// Bytes of completed answers kept in memory for replays; 0: none.
+    pub(crate) cache_bytes: u64,
     pub(crate) metrics_addr: Option<SocketAddr>,
     pub(crate) console_addr: Option<SocketAddr>,
     pub(crate) console_token: Option<String>,
@@ -135,6 +137,14 @@ impl Settings {
                 .map(|name| header_name("GATEWAY_KEEP_HEADERS", name))
                 .collect::<Result<_, _>>()?,
             ttl,
+            cache_bytes: match var("GATEWAY_CACHE_BYTES") {
+                None => 64 << 20,
+                Some(value) => value.trim().parse().map_err(|_| {
+                    format!(
+                        "GATEWAY_CACHE_BYTES must be a number of bytes (0: no cache), not {value:?}"
+                    )
+                })?,
+            },
             metrics_addr: address("METRICS_ADDR")?,
             console_addr: address("CONSOLE_ADDR")?,
             console_token: var("CONSOLE_TOKEN").filter(|token| !token.is_empty()),
@@ -243,6 +253,7 @@ mod tests {
         assert_eq!((s.body_limit, s.response_limit), (1 << 20, 1 << 20));
         assert!(s.keep_headers.is_empty());
         assert_eq!(s.ttl, Duration::from_secs(86_400));
+        assert_eq!(s.cache_bytes, 64 << 20);
         assert_eq!((s.metrics_addr, s.console_addr), (None, None));
         assert_eq!(s.console_token, None);
     }

@@ -52,7 +52,7 @@ pub(crate) async fn dispatch(State(gateway): State<Arc<Gateway>>, request: Reque
 
 /// A guarded request, once its key is leased: forwarded with the key's fencing token.
 pub(crate) async fn forward_guarded(
-    State(upstream): State<Upstream>,
+    State(upstream): State<Arc<Upstream>>,
     lease: IdempotentLease,
     request: Request,
 ) -> Response {

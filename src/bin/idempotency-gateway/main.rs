@@ -159,13 +159,17 @@ where
     if !settings.wait.is_zero() {
         layer = layer.wait_for_in_flight(settings.wait);
     }
+    if settings.cache_bytes > 0 {
+        // Replays of recent answers from memory: no database trip.
+        layer = layer.cache_responses(settings.cache_bytes);
+    }
     for name in &settings.keep_headers {
         layer = layer.keep_header(name.clone());
     }
     let guarded = Router::new()
         .fallback(gateway::forward_guarded)
         .layer(layer.clone())
-        .with_state(upstream.clone());
+        .with_state(Arc::new(upstream.clone()));
     let app = Router::new()
         .fallback(gateway::dispatch)
         .with_state(Arc::new(Gateway {

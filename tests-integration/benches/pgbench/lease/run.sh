@@ -15,6 +15,8 @@
 #                              their own (written by the acquire, deleted by the
 #                              completion, in the same statements), so stuck leases can
 #                              still be found without scanning the records
+#   gateway.sql                what idempotency-gateway writes for a new key: the acquire
+#                              insert and the fenced completion, nothing between
 #
 # It prints tps per round and how many of each table's updates were HOT.
 #
@@ -45,11 +47,11 @@ PGOPTIONS="-c search_path=$SCHEMA -c client_min_messages=warning" psql "$URL" -X
     -c "CREATE INDEX ON records_registry (expires_at)" \
     -c "CREATE TABLE lease_registry (id uuid PRIMARY KEY, fencing_token bigint NOT NULL,
             locked_until timestamptz NOT NULL)" >/dev/null
-scripts=(three_commit three_commit_expiring lease lease_hot lease_registry)
+scripts=(three_commit three_commit_expiring lease lease_hot lease_registry gateway)
 header="| round |"
 for script in "${scripts[@]}"; do header="$header $script |"; done
 echo "$header"
-echo "|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|"
 for round in 1 2 3; do
     line="| $round |"
     for script in "${scripts[@]}"; do
