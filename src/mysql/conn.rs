@@ -419,3 +419,19 @@ impl MySqlStore {
         Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
     }
 }
+
+impl crate::store::sqlx_tx::SqlxSlot for MySqlConn {
+    type Connection = MySqlConnection;
+
+    fn connection(&self) -> &MySqlConnection {
+        MySqlConn::connection(self)
+    }
+
+    fn connection_mut(&mut self) -> &mut MySqlConnection {
+        MySqlConn::connection_mut(self)
+    }
+
+    fn persistent(&self) -> bool {
+        MySqlConn::persistent(self)
+    }
+}

@@ -147,9 +147,11 @@ mod migrate;
 mod outbox;
 mod sql;
 mod store;
-mod tx;
 
-pub use self::tx::MySqlTx;
+/// The MySQL/MariaDB driver's hold on the shared transaction: what
+/// [`IdempotentTx`] keeps, exclusively, for as long as it lives (it derefs to the
+/// transaction's `MySqlConnection`).
+pub type MySqlTx = crate::store::sqlx_tx::SqlxTx<conn::MySqlConn>;
 
 /// The `sqlx` this driver is built with: the `MySqlPool` given to `IdempotencyLayer::new`
 /// must come from this version.

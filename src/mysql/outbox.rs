@@ -8,9 +8,9 @@ use ::sqlx::mysql::MySqlRow;
 use ::sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use super::MySqlStore;
+use super::MySqlTx;
 use super::conn::{DUPLICATE_KEY, MySqlConn, error_number, statement};
 use super::sql;
-use super::tx::MySqlTx;
 use crate::engine::error::Error;
 use crate::engine::outbox::{
     Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
@@ -26,7 +26,9 @@ fn placeholders(n: usize) -> String {
 
 impl OutboxStore for MySqlStore {
     async fn enqueue(handle: &mut MySqlTx, message: &OutboxMessage) -> Result<Enqueued, Error> {
-        handle.enqueue(message).await
+        let slot = handle.slot_mut();
+        let persistent = slot.persistent();
+        enqueue(slot.connection_mut(), message, persistent).await
     }
 
     /// `BEGIN` (READ COMMITTED, lock waits bounded to 1 s), the locking `SELECT ... SKIP

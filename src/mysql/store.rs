@@ -9,11 +9,11 @@ use ::sqlx::mysql::MySqlRow;
 use ::sqlx::{Executor, MySqlConnection, Row};
 
 use super::MySqlStore;
+use super::MySqlTx;
 use super::conn::{
     DEADLOCK, DUPLICATE_KEY, MySqlConn, NO_SUCH_TABLE, error_number, lock_refused,
     lock_wait_seconds, savepoint_error, statement, transaction_lost,
 };
-use super::tx::MySqlTx;
 use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;

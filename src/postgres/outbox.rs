@@ -82,7 +82,14 @@ pub(crate) fn enqueued(
 
 impl OutboxStore for PgStore {
     async fn enqueue(handle: &mut PgTx, message: &OutboxMessage) -> Result<Enqueued, Error> {
-        handle.enqueue(message).await
+        let row = handle
+            .with_client(None, async |conn| {
+                let db = statement::Db::new(conn.pooled(), conn.prepared());
+                let insert = db.prepare(&statement::OUTBOX_ENQUEUE).await?;
+                db.query_opt(&insert, &enqueue_params(message)).await
+            })
+            .await?;
+        enqueued(message, row)
     }
 
     /// `BEGIN` and the locking `SELECT` pipelined; the barriers of the batch's ordering

@@ -29,7 +29,7 @@ impl PgTx {
     /// look-up after it, and its result is given only once the lock was granted on a key
     /// still free: otherwise it answers [`Error::DuplicateRequest`], and the layer answers
     /// the request as the other request's duplicate.
-    async fn with_client<T, F>(&self, sql: Option<&str>, f: F) -> Result<T, Error>
+    pub(super) async fn with_client<T, F>(&self, sql: Option<&str>, f: F) -> Result<T, Error>
     where
         F: AsyncFnOnce(&TxConn) -> Result<T, tokio_postgres::Error>,
     {
@@ -125,22 +125,6 @@ impl PgTx {
     /// The record id this handle's transaction claimed.
     pub(crate) fn record_id(&self) -> crate::engine::key::RecordId {
         self.token.id()
-    }
-
-    /// Enqueues `message` in this transaction (checked by the caller).
-    pub(crate) async fn enqueue(
-        &self,
-        message: &crate::engine::outbox::OutboxMessage,
-    ) -> Result<crate::engine::outbox::Enqueued, Error> {
-        let row = self
-            .with_client(None, async |conn| {
-                let db = super::statement::Db::new(conn.pooled(), conn.prepared());
-                let statement = db.prepare(&super::statement::OUTBOX_ENQUEUE).await?;
-                db.query_opt(&statement, &super::outbox::enqueue_params(message))
-                    .await
-            })
-            .await?;
-        super::outbox::enqueued(message, row)
     }
 
     /// Prepares a statement once per pooled connection and returns the cached copy after

@@ -179,3 +179,19 @@ pub(super) fn statement(
 ) -> Query<'static, Sqlite, SqliteArguments> {
     ::sqlx::query(sql).persistent(persistent)
 }
+
+impl crate::store::sqlx_tx::SqlxSlot for SqliteConn {
+    type Connection = SqliteConnection;
+
+    fn connection(&self) -> &SqliteConnection {
+        SqliteConn::connection(self)
+    }
+
+    fn connection_mut(&mut self) -> &mut SqliteConnection {
+        SqliteConn::connection_mut(self)
+    }
+
+    fn persistent(&self) -> bool {
+        SqliteConn::persistent(self)
+    }
+}

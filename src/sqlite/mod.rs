@@ -96,12 +96,14 @@ mod migrate;
 mod outbox;
 mod sql;
 mod store;
-mod tx;
 
 use std::path::Path;
 use std::time::Duration;
 
-pub use self::tx::SqliteTx;
+/// The SQLite driver's hold on the shared transaction: what
+/// [`IdempotentTx`] keeps, exclusively, for as long as it lives (it derefs to the
+/// transaction's `SqliteConnection`).
+pub type SqliteTx = crate::store::sqlx_tx::SqlxTx<conn::SqliteConn>;
 
 /// The `sqlx` this driver is built with: the `SqlitePool` given to `IdempotencyLayer::new`
 /// must come from this version.

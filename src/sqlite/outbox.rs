@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use ::sqlx::sqlite::{Sqlite, SqliteRow};
 use ::sqlx::{Executor, Row};
 
+use super::SqliteTx;
 use super::conn::{SqliteConn, statement};
-use super::tx::SqliteTx;
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement};
@@ -25,7 +25,9 @@ const CLAIM_SECONDS: f64 = 120.0;
 
 impl OutboxStore for SqliteStore {
     async fn enqueue(handle: &mut SqliteTx, message: &OutboxMessage) -> Result<Enqueued, Error> {
-        handle.enqueue(message).await
+        let slot = handle.slot_mut();
+        let persistent = slot.persistent();
+        enqueue(slot.connection_mut(), message, persistent).await
     }
 
     /// A read outside any transaction first (an idle relay never takes the write lock);

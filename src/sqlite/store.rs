@@ -8,8 +8,8 @@ use std::time::Duration;
 use ::sqlx::sqlite::SqliteRow;
 use ::sqlx::{Row, SqliteConnection};
 
+use super::SqliteTx;
 use super::conn::{SqliteConn, begin_immediate, is_no_such_table, is_unique_violation, statement};
-use super::tx::SqliteTx;
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;

@@ -273,3 +273,19 @@ pub(super) async fn wait_lock(
 pub(super) fn timed_out(error: &::sqlx::Error) -> bool {
     sql_state(error).as_deref() == Some(LOCK_NOT_AVAILABLE)
 }
+
+impl crate::store::sqlx_tx::SqlxSlot for SqlxConn {
+    type Connection = PgConnection;
+
+    fn connection(&self) -> &PgConnection {
+        SqlxConn::connection(self)
+    }
+
+    fn connection_mut(&mut self) -> &mut PgConnection {
+        SqlxConn::connection_mut(self)
+    }
+
+    fn persistent(&self) -> bool {
+        SqlxConn::persistent(self)
+    }
+}

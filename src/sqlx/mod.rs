@@ -49,9 +49,11 @@ mod maintenance;
 mod migrate;
 mod outbox;
 mod store;
-mod tx;
 
-pub use self::tx::SqlxTx;
+/// The sqlx (PostgreSQL) driver's hold on the shared transaction: what
+/// [`IdempotentTx`] keeps, exclusively, for as long as it lives (it derefs to the
+/// transaction's `PgConnection`).
+pub type SqlxTx = crate::store::sqlx_tx::SqlxTx<conn::SqlxConn>;
 
 /// The `sqlx` this driver is built with: the `PgPool` given to `IdempotencyLayer::new`
 /// must come from this version.

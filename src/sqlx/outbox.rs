@@ -9,8 +9,8 @@ use ::sqlx::postgres::{PgRow, Postgres};
 use ::sqlx::{Executor, Row};
 
 use super::SqlxStore;
+use super::SqlxTx;
 use super::conn::{SqlxConn, statement};
-use super::tx::SqlxTx;
 use crate::engine::error::Error;
 use crate::engine::outbox::{
     Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
@@ -23,7 +23,9 @@ use crate::store::{OutboxStore, Store, rows, sql};
 /// when it has keyed messages.
 impl OutboxStore for SqlxStore {
     async fn enqueue(handle: &mut SqlxTx, message: &OutboxMessage) -> Result<Enqueued, Error> {
-        handle.enqueue(message).await
+        let slot = handle.slot_mut();
+        let persistent = slot.persistent();
+        enqueue(slot.connection_mut(), message, persistent).await
     }
 
     async fn outbox_lock_batch(&self, limit: i64) -> Result<Option<OutboxBatch<SqlxConn>>, Error> {

@@ -9,11 +9,11 @@ use ::sqlx::postgres::{PgArgumentBuffer, PgRow, PgTypeInfo, Postgres};
 use ::sqlx::{PgConnection, Row};
 
 use super::SqlxStore;
+use super::SqlxTx;
 use super::conn::{
     SqlxConn, UNDEFINED_TABLE, UNIQUE_VIOLATION, broke_connection, sql_state, statement, timed_out,
     wait_lock,
 };
-use super::tx::SqlxTx;
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;

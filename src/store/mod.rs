@@ -21,6 +21,9 @@ pub(crate) mod rows;
 // PostgreSQL's statement texts, shared by its two drivers.
 #[cfg(any(feature = "postgres", feature = "sqlx"))]
 pub(crate) mod sql;
+// The three sqlx drivers' handle, written once.
+#[cfg(feature = "_sqlx")]
+pub(crate) mod sqlx_tx;
 mod tx;
 
 pub use self::abilities::{InboxStore, LeaseStore, MaintenanceStore, OutboxStore};
