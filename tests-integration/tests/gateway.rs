@@ -767,6 +767,52 @@ async fn two_gateways_on_one_database_forward_each_key_once() {
     }
 }
 
+/// On MySQL/MariaDB (`MYSQL_URL`, a database of the test's own): forwarded once, replayed,
+/// and a twin sent to a second gateway on the same database is not forwarded again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_on_mariadb_forward_once_and_replay() {
+    let Ok(server) = std::env::var("MYSQL_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "MYSQL_URL is unset (CI is set, so this is an error)"
+        );
+        eprintln!("skipped: MYSQL_URL is unset");
+        return;
+    };
+    let server = server.trim_end_matches('/').to_owned();
+    let database = common::unique_name("gateway");
+    let admin = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&server)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+    let url = format!("{server}/{database}");
+    let (dir_a, dir_b) = (TempDir::new(), TempDir::new());
+    let upstream = Upstream::start().await;
+    let env = [("DATABASE_URL", url.as_str())];
+    let a = gateway(&dir_a, &upstream.url(), &env).await;
+    let b = gateway(&dir_b, &upstream.url(), &env).await;
+    let first = post(&a.url("/orders"), "maria-1", r#"{"amount": 1}"#).await;
+    assert_eq!(first.status, 201, "{first:?}\n{}", a.log());
+    for gw in [&a, &b] {
+        let again = post(&gw.url("/orders"), "maria-1", r#"{"amount": 1}"#).await;
+        assert_eq!((again.status, again.replayed()), (201, true));
+        assert_eq!(again.body, first.body);
+    }
+    let other = post(&b.url("/orders"), "maria-1", r#"{"amount": 2}"#).await;
+    assert_eq!((other.status, other.code().as_str()), (422, "key_reused"));
+    assert_eq!(upstream.calls("maria-1"), 1);
+    drop((a, b));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE {database}")))
+        .execute(&admin)
+        .await
+        .unwrap();
+}
+
 /// `METRICS_ADDR` serves the crate's metrics; `CONSOLE_ADDR` the console, read-only without
 /// `CONSOLE_TOKEN`, its actions behind `Authorization: Bearer` with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
