@@ -99,7 +99,7 @@ impl IdempotentLease {
 ///     match call_gateway(&lease.derive_key("charge"), lease.fencing_token()).await {
 ///         Ok(()) => StatusCode::CREATED.into_response(),
 ///         // Sent, and no answer: the charge may have happened.
-///         Err(Sent) => (StatusCode::GATEWAY_TIMEOUT, OutcomeUnknown).into_response(),
+///         Err(Sent) => (StatusCode::GATEWAY_TIMEOUT, OutcomeUnknown, "no answer").into_response(),
 ///     }
 /// }
 /// # struct Sent;
