@@ -14,7 +14,6 @@ use ::sqlx::{
 
 use super::{MySqlStore, sql};
 use crate::engine::error::Error;
-use crate::engine::record::Backlog;
 
 /// A pooled connection the crate took out of the pool: possibly inside a transaction it
 /// began, possibly with its session settings changed (`autocommit`, the lock wait timeout).
@@ -400,16 +399,6 @@ impl MySqlStore {
         Ok(done.rows_affected())
     }
 
-    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
-    pub(super) async fn backlog(&self, sql: &'static str) -> Result<Backlog, Error> {
-        use ::sqlx::Row;
-        let row = self.query(sql).fetch_one(&self.pool).await?;
-        Ok(Backlog {
-            count: row.try_get(0)?,
-            oldest_seconds: row.try_get(1)?,
-        })
-    }
-
     pub(super) async fn rows<T>(
         &self,
         query: Query<'static, MySql, MySqlArguments>,
@@ -434,4 +423,42 @@ impl crate::store::sqlx_tx::SqlxSlot for MySqlConn {
     fn persistent(&self) -> bool {
         MySqlConn::persistent(self)
     }
+}
+
+/// The seam's statements in this dialect, run on the pool.
+impl crate::store::queries::Queries for MySqlStore {
+    type Statement = str;
+    type Row = MySqlRow;
+
+    const STATEMENTS: crate::store::queries::Statements<str> =
+        crate::store::queries::statements!(sql::);
+
+    async fn query_rows<T: Send>(
+        &self,
+        statement: &'static str,
+        params: &[crate::store::queries::Param<'_>],
+        map: fn(&MySqlRow) -> Result<T, ::sqlx::Error>,
+    ) -> Result<Vec<T>, Error> {
+        self.rows(bind(self.query(statement), params), map).await
+    }
+
+    async fn query_affected(
+        &self,
+        statement: &'static str,
+        params: &[crate::store::queries::Param<'_>],
+    ) -> Result<u64, Error> {
+        // Its lock waits bounded, as every write of the console.
+        self.execute_bounded(bind(self.query(statement), params))
+            .await
+    }
+}
+
+/// `query` with the seam's `params` bound in order.
+fn bind(
+    query: Query<'static, MySql, MySqlArguments>,
+    params: &[crate::store::queries::Param<'_>],
+) -> Query<'static, MySql, MySqlArguments> {
+    crate::store::sqlx_tx::bind_params(query, params, |query, id| {
+        query.bind(id.as_bytes().to_vec())
+    })
 }

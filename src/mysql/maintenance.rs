@@ -14,9 +14,8 @@ use super::conn::micros;
 use super::sql;
 use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
-use crate::engine::key::{RecordId, hex};
-use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
-use crate::engine::view::{ArchivedRecord, RecordInfo};
+use crate::engine::key::hex;
+use crate::engine::record::{RetentionParams, SweepBatch};
 use crate::store::{MaintenanceStore, rows};
 
 /// Rows settled per round trip: a batch's statements are sent as one multi-statement text
@@ -260,77 +259,5 @@ impl MaintenanceStore for MySqlStore {
         }
         conn.finish(true).await?;
         Ok(deleted)
-    }
-
-    async fn stale_summary(&self) -> Result<Backlog, Error> {
-        self.backlog(sql::STALE_SUMMARY).await
-    }
-
-    async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
-        self.rows(self.query(sql::STALE_IDS).bind(limit), |row| row.try_get(0))
-            .await
-    }
-
-    async fn record_info(&self, id: RecordId) -> Result<Option<RecordInfo>, Error> {
-        let query = self.query(sql::ADMIN_RECORD).bind(&id.as_bytes()[..]);
-        Ok(self.rows(query, rows::record_info).await?.pop())
-    }
-
-    async fn archived_records(
-        &self,
-        id: RecordId,
-    ) -> Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error> {
-        let query = self.query(sql::ADMIN_ARCHIVED).bind(&id.as_bytes()[..]);
-        self.rows(query, rows::archived_record).await
-    }
-
-    async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
-        self.rows(self.query(sql::ADMIN_STALE).bind(limit), rows::record_info)
-            .await
-    }
-
-    async fn stale_page(
-        &self,
-        after: (i64, RecordId),
-        limit: i64,
-    ) -> Result<Vec<(RecordInfo, i64)>, Error> {
-        let query = self
-            .query(sql::ADMIN_STALE_PAGE)
-            .bind(after.0)
-            .bind(&after.1.as_bytes()[..])
-            .bind(limit);
-        self.rows(query, rows::stale_row).await
-    }
-
-    async fn record_response(&self, id: RecordId) -> Result<Option<StoredRow>, Error> {
-        let query = self
-            .query(sql::ADMIN_RECORD_RESPONSE)
-            .bind(&id.as_bytes()[..]);
-        Ok(self.rows(query, rows::stored_row).await?.pop())
-    }
-
-    async fn release_lease(&self, id: RecordId, token: i64) -> Result<bool, Error> {
-        let query = self
-            .query(sql::ADMIN_RELEASE_LEASE)
-            .bind(&id.as_bytes()[..])
-            .bind(token);
-        Ok(self.execute_bounded(query).await? == 1)
-    }
-
-    async fn delete_record(&self, id: RecordId, token: i64) -> Result<bool, Error> {
-        let query = self
-            .query(sql::ADMIN_DELETE_RECORD)
-            .bind(&id.as_bytes()[..])
-            .bind(token);
-        Ok(self.execute_bounded(query).await? == 1)
-    }
-
-    async fn record_counts(&self) -> Result<[i64; 4], Error> {
-        let query = self.query(sql::ADMIN_RECORD_COUNTS);
-        Ok(self
-            .rows(query, rows::record_counts)
-            .await?
-            .pop()
-            .unwrap_or_default())
     }
 }

@@ -15,7 +15,7 @@ use super::pool::PooledClient;
 use super::statement::{self, Db, Sql};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Backlog, Deferred};
+use crate::engine::record::Deferred;
 use crate::store::sql;
 
 /// How long a background ROLLBACK may take before the connection is discarded instead: no
@@ -301,19 +301,6 @@ impl PgStore {
         let statement = db.prepare(sql).await?;
         Ok(db.execute(&statement, params).await?)
     }
-
-    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
-    pub(crate) async fn backlog(&self, sql: &'static Sql) -> Result<Backlog, Error> {
-        let mut rows = self
-            .rows(sql, &[], |row| {
-                Ok(Backlog {
-                    count: row.try_get(0)?,
-                    oldest_seconds: row.try_get(1)?,
-                })
-            })
-            .await?;
-        Ok(rows.pop().unwrap_or_default())
-    }
 }
 
 pub(crate) fn lock_timeout(wait: Duration) -> String {
@@ -362,4 +349,43 @@ pub(crate) async fn begin_wait_and_look_up(
     let found = found?;
     saved?;
     Ok(Some(found))
+}
+
+/// The seam's statements, prepared once per connection, run on a pooled client.
+impl crate::store::queries::Queries for PgStore {
+    type Statement = Sql;
+    type Row = Row;
+
+    const STATEMENTS: crate::store::queries::Statements<Sql> =
+        crate::store::queries::statements!(&statement::);
+
+    async fn query_rows<T: Send>(
+        &self,
+        statement: &'static Sql,
+        params: &[crate::store::queries::Param<'_>],
+        map: fn(&Row) -> Result<T, tokio_postgres::Error>,
+    ) -> Result<Vec<T>, Error> {
+        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(to_sql).collect();
+        self.rows(statement, &params, map).await
+    }
+
+    async fn query_affected(
+        &self,
+        statement: &'static Sql,
+        params: &[crate::store::queries::Param<'_>],
+    ) -> Result<u64, Error> {
+        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(to_sql).collect();
+        self.execute(statement, &params).await
+    }
+}
+
+/// A seam parameter as tokio-postgres binds it.
+fn to_sql<'a>(param: &'a crate::store::queries::Param<'_>) -> &'a (dyn ToSql + Sync) {
+    use crate::store::queries::Param;
+    match param {
+        Param::Id(id) => id,
+        Param::Text(text) => text,
+        Param::I32(value) => value,
+        Param::I64(value) => value,
+    }
 }

@@ -11,8 +11,7 @@ use super::statement::{self, Db};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
-use crate::engine::view::{InboxFailures, MessageInfo};
-use crate::store::{InboxStore, rows, sql};
+use crate::store::{InboxStore, sql};
 
 impl InboxStore for PgStore {
     /// One round trip once prepared.
@@ -115,59 +114,6 @@ impl InboxStore for PgStore {
         let params = failure_params(write, &error, &retention);
         let row = db.query_opt(&statement, &params).await?;
         Ok(row.map(|row| row.try_get(0)).transpose()?)
-    }
-
-    async fn message_info(
-        &self,
-        group: &str,
-        message_id: &str,
-    ) -> Result<Option<MessageInfo>, Error> {
-        Ok(self
-            .rows(
-                &statement::ADMIN_MESSAGE,
-                &[&group, &message_id],
-                rows::message_info,
-            )
-            .await?
-            .pop())
-    }
-
-    async fn failed_messages(&self, group: &str, limit: i64) -> Result<Vec<MessageInfo>, Error> {
-        self.rows(
-            &statement::ADMIN_FAILED_MESSAGES,
-            &[&group, &limit],
-            rows::message_info,
-        )
-        .await
-    }
-
-    async fn failed_page(
-        &self,
-        group: &str,
-        after: (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<(MessageInfo, i64)>, Error> {
-        self.rows(
-            &statement::ADMIN_FAILED_PAGE,
-            &[&group, &after.0, &after.1, &limit],
-            rows::failed_row,
-        )
-        .await
-    }
-
-    async fn failed_groups(&self, give_up: i32, limit: i64) -> Result<Vec<InboxFailures>, Error> {
-        self.rows(
-            &statement::ADMIN_FAILED_GROUPS,
-            &[&give_up, &limit],
-            rows::inbox_failures,
-        )
-        .await
-    }
-
-    async fn inbox_reset(&self, group: &str, message_id: &str) -> Result<bool, Error> {
-        self.execute(&statement::ADMIN_RESET_INBOX, &[&group, &message_id])
-            .await
-            .map(|n| n == 1)
     }
 }
 

@@ -5,9 +5,7 @@ use super::PgStore;
 use super::statement;
 use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
-use crate::engine::key::RecordId;
-use crate::engine::record::{Backlog, RetentionParams, StoredRow, SweepBatch};
-use crate::engine::view::{ArchivedRecord, RecordInfo};
+use crate::engine::record::{RetentionParams, SweepBatch};
 use crate::store::sql::export_columns;
 use crate::store::{MaintenanceStore, rows};
 
@@ -78,74 +76,5 @@ impl MaintenanceStore for PgStore {
         let (ids, created, updated) = export_columns(stamps);
         self.execute(&statement::PURGE_EXPORTED, &[&ids, &created, &updated])
             .await
-    }
-
-    async fn stale_summary(&self) -> Result<Backlog, Error> {
-        self.backlog(&statement::STALE_SUMMARY).await
-    }
-
-    async fn stale_ids(&self, limit: i64) -> Result<Vec<Vec<u8>>, Error> {
-        self.rows(&statement::STALE_IDS, &[&limit], |row| row.try_get(0))
-            .await
-    }
-
-    async fn record_info(&self, id: RecordId) -> Result<Option<RecordInfo>, Error> {
-        Ok(self
-            .rows(&statement::ADMIN_RECORD, &[&id], rows::record_info)
-            .await?
-            .pop())
-    }
-
-    async fn archived_records(
-        &self,
-        id: RecordId,
-    ) -> Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error> {
-        self.rows(&statement::ADMIN_ARCHIVED, &[&id], rows::archived_record)
-            .await
-    }
-
-    async fn stale_records(&self, limit: i64) -> Result<Vec<RecordInfo>, Error> {
-        self.rows(&statement::ADMIN_STALE, &[&limit], rows::record_info)
-            .await
-    }
-
-    async fn stale_page(
-        &self,
-        after: (i64, RecordId),
-        limit: i64,
-    ) -> Result<Vec<(RecordInfo, i64)>, Error> {
-        self.rows(
-            &statement::ADMIN_STALE_PAGE,
-            &[&after.0, &after.1, &limit],
-            rows::stale_row,
-        )
-        .await
-    }
-
-    async fn record_response(&self, id: RecordId) -> Result<Option<StoredRow>, Error> {
-        Ok(self
-            .rows(&statement::ADMIN_RECORD_RESPONSE, &[&id], rows::stored_row)
-            .await?
-            .pop())
-    }
-
-    async fn release_lease(&self, id: RecordId, token: i64) -> Result<bool, Error> {
-        self.execute(&statement::ADMIN_RELEASE_LEASE, &[&id, &token])
-            .await
-            .map(|n| n == 1)
-    }
-
-    async fn delete_record(&self, id: RecordId, token: i64) -> Result<bool, Error> {
-        self.execute(&statement::ADMIN_DELETE_RECORD, &[&id, &token])
-            .await
-            .map(|n| n == 1)
-    }
-
-    async fn record_counts(&self) -> Result<[i64; 4], Error> {
-        Ok(self
-            .rows(&statement::ADMIN_RECORD_COUNTS, &[], rows::record_counts)
-            .await?
-            .pop()
-            .unwrap_or_default())
     }
 }

@@ -15,9 +15,7 @@ use crate::engine::error::Error;
 use crate::engine::outbox::{
     Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
 };
-use crate::engine::record::Backlog;
-use crate::engine::view::OutboxInfo;
-use crate::store::{OutboxStore, rows};
+use crate::store::OutboxStore;
 
 /// Enqueues `message` in the transaction `client` is in: it is published after that
 /// transaction commits, and never if it rolls back. One round trip, unprepared (safe behind
@@ -171,44 +169,6 @@ impl OutboxStore for PgStore {
         committed?;
         conn.mark_ended();
         Ok(parked)
-    }
-
-    async fn outbox_messages(&self, state: &str, limit: i64) -> Result<Vec<OutboxInfo>, Error> {
-        self.rows(
-            &statement::ADMIN_OUTBOX,
-            &[&state, &limit],
-            rows::outbox_info,
-        )
-        .await
-    }
-
-    async fn outbox_requeue(&self, message_id: &str) -> Result<bool, Error> {
-        let conn = self.checkout().await?;
-        let db = self.db(&*conn);
-        let statement = db.prepare(&statement::ADMIN_REQUEUE_OUTBOX).await?;
-        Ok(db.execute(&statement, &[&message_id]).await? == 1)
-    }
-
-    async fn outbox_pending(&self) -> Result<Backlog, Error> {
-        self.backlog(&statement::OUTBOX_PENDING).await
-    }
-
-    async fn outbox_page(
-        &self,
-        parked: bool,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<OutboxInfo>, Error> {
-        let sql = if parked {
-            &statement::ADMIN_OUTBOX_PARKED_PAGE
-        } else {
-            &statement::ADMIN_OUTBOX_PENDING_PAGE
-        };
-        self.rows(sql, &[&after, &limit], rows::outbox_info).await
-    }
-
-    async fn outbox_parked(&self) -> Result<Backlog, Error> {
-        self.backlog(&statement::OUTBOX_PARKED).await
     }
 }
 

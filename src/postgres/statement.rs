@@ -13,7 +13,7 @@ use crate::store::sql;
 /// prepared first (see [`Db`]); `sql_types_match_the_server` checks them against what
 /// PostgreSQL infers.
 #[derive(Debug)]
-pub(crate) struct Sql {
+pub struct Sql {
     pub(crate) text: &'static str,
     pub(crate) types: &'static [Type],
 }

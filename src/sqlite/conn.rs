@@ -6,11 +6,10 @@ use std::time::Duration;
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::query::Query;
 use ::sqlx::sqlite::{Sqlite, SqliteArguments, SqliteRow};
-use ::sqlx::{Row, SqlSafeStr, SqliteConnection, SqlitePool, Transaction};
+use ::sqlx::{SqlSafeStr, SqliteConnection, SqlitePool, Transaction};
 
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
-use crate::engine::record::Backlog;
 
 /// A transaction the crate began on a pooled SQLite connection.
 ///
@@ -154,15 +153,6 @@ impl SqliteStore {
         }
     }
 
-    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
-    pub(super) async fn backlog(&self, sql: &'static str) -> Result<Backlog, Error> {
-        let row = self.query(sql).fetch_one(&self.pool).await?;
-        Ok(Backlog {
-            count: row.try_get(0)?,
-            oldest_seconds: row.try_get(1)?,
-        })
-    }
-
     pub(super) async fn rows<T>(
         &self,
         query: Query<'static, Sqlite, SqliteArguments>,
@@ -194,4 +184,41 @@ impl crate::store::sqlx_tx::SqlxSlot for SqliteConn {
     fn persistent(&self) -> bool {
         SqliteConn::persistent(self)
     }
+}
+
+/// The seam's statements in this dialect, run on the pool.
+impl crate::store::queries::Queries for SqliteStore {
+    type Statement = str;
+    type Row = SqliteRow;
+
+    const STATEMENTS: crate::store::queries::Statements<str> =
+        crate::store::queries::statements!(sql::);
+
+    async fn query_rows<T: Send>(
+        &self,
+        statement: &'static str,
+        params: &[crate::store::queries::Param<'_>],
+        map: fn(&SqliteRow) -> Result<T, ::sqlx::Error>,
+    ) -> Result<Vec<T>, Error> {
+        self.rows(bind(self.query(statement), params), map).await
+    }
+
+    async fn query_affected(
+        &self,
+        statement: &'static str,
+        params: &[crate::store::queries::Param<'_>],
+    ) -> Result<u64, Error> {
+        let query = bind(self.query(statement), params);
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+}
+
+/// `query` with the seam's `params` bound in order.
+fn bind(
+    query: Query<'static, Sqlite, SqliteArguments>,
+    params: &[crate::store::queries::Param<'_>],
+) -> Query<'static, Sqlite, SqliteArguments> {
+    crate::store::sqlx_tx::bind_params(query, params, |query, id| {
+        query.bind(id.as_bytes().to_vec())
+    })
 }

@@ -12,8 +12,7 @@ use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
-use crate::engine::view::{InboxFailures, MessageInfo};
-use crate::store::{InboxStore, rows};
+use crate::store::InboxStore;
 
 impl InboxStore for SqliteStore {
     /// `BEGIN IMMEDIATE` (waiting at most `wait`, or the busy timeout if it comes first:
@@ -95,56 +94,6 @@ impl InboxStore for SqliteStore {
             .fetch_all(&self.pool)
             .await?;
         Ok(rows.first().map(|row| row.try_get(0)).transpose()?)
-    }
-
-    async fn message_info(
-        &self,
-        group: &str,
-        message_id: &str,
-    ) -> Result<Option<MessageInfo>, Error> {
-        let query = self.query(sql::ADMIN_MESSAGE).bind(group).bind(message_id);
-        Ok(self.rows(query, rows::message_info).await?.pop())
-    }
-
-    async fn failed_messages(&self, group: &str, limit: i64) -> Result<Vec<MessageInfo>, Error> {
-        let query = self
-            .query(sql::ADMIN_FAILED_MESSAGES)
-            .bind(group)
-            .bind(limit);
-        self.rows(query, rows::message_info).await
-    }
-
-    async fn failed_page(
-        &self,
-        group: &str,
-        after: (i64, &str),
-        limit: i64,
-    ) -> Result<Vec<(MessageInfo, i64)>, Error> {
-        let query = self
-            .query(sql::ADMIN_FAILED_PAGE)
-            .bind(group)
-            .bind(after.0)
-            .bind(after.1)
-            .bind(limit);
-        self.rows(query, rows::failed_row).await
-    }
-
-    async fn failed_groups(&self, give_up: i32, limit: i64) -> Result<Vec<InboxFailures>, Error> {
-        let query = self
-            .query(sql::ADMIN_FAILED_GROUPS)
-            .bind(give_up)
-            .bind(limit);
-        self.rows(query, rows::inbox_failures).await
-    }
-
-    async fn inbox_reset(&self, group: &str, message_id: &str) -> Result<bool, Error> {
-        let done = self
-            .query(sql::ADMIN_RESET_INBOX)
-            .bind(group)
-            .bind(message_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
     }
 }
 

@@ -14,9 +14,7 @@ use super::conn::{SqliteConn, statement};
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement};
-use crate::engine::record::Backlog;
-use crate::engine::view::OutboxInfo;
-use crate::store::{OutboxStore, Store, rows};
+use crate::store::{OutboxStore, Store};
 
 /// How long a relay's claim on its batch lasts: past it, another relay may take the
 /// messages it has not settled (a relay that died mid-batch). Longer than a batch takes to
@@ -132,46 +130,6 @@ impl OutboxStore for SqliteStore {
             .await?;
         conn.commit().await?;
         Ok(parked)
-    }
-
-    async fn outbox_messages(&self, state: &str, limit: i64) -> Result<Vec<OutboxInfo>, Error> {
-        self.rows(
-            self.query(sql::ADMIN_OUTBOX).bind(state).bind(limit),
-            rows::outbox_info,
-        )
-        .await
-    }
-
-    async fn outbox_requeue(&self, message_id: &str) -> Result<bool, Error> {
-        let done = self
-            .query(sql::ADMIN_REQUEUE_OUTBOX)
-            .bind(message_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn outbox_pending(&self) -> Result<Backlog, Error> {
-        self.backlog(sql::OUTBOX_PENDING).await
-    }
-
-    async fn outbox_page(
-        &self,
-        parked: bool,
-        after: i64,
-        limit: i64,
-    ) -> Result<Vec<OutboxInfo>, Error> {
-        let sql = if parked {
-            sql::ADMIN_OUTBOX_PARKED_PAGE
-        } else {
-            sql::ADMIN_OUTBOX_PENDING_PAGE
-        };
-        let query = self.query(sql).bind(after).bind(limit);
-        self.rows(query, rows::outbox_info).await
-    }
-
-    async fn outbox_parked(&self) -> Result<Backlog, Error> {
-        self.backlog(sql::OUTBOX_PARKED).await
     }
 }
 

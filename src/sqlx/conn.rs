@@ -7,13 +7,12 @@ use std::time::Duration;
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::postgres::{PgArguments, PgRow, PgTransactionManager, Postgres};
 use ::sqlx::query::Query;
-use ::sqlx::{Executor, PgConnection, Row};
+use ::sqlx::{Executor, PgConnection};
 use sqlx_core::transaction::TransactionManager;
 
 use super::SqlxStore;
 use super::link::Link;
 use crate::engine::error::Error;
-use crate::engine::record::Backlog;
 use crate::store::sql;
 
 /// A pooled sqlx connection and the transaction the crate began on it.
@@ -223,15 +222,6 @@ impl SqlxStore {
         done
     }
 
-    /// `sql`'s one aggregate row: a count and the age in seconds of the oldest.
-    pub(super) async fn backlog(&self, sql: &'static str) -> Result<Backlog, Error> {
-        let row = self.query(sql).fetch_one(&self.pool).await?;
-        Ok(Backlog {
-            count: row.try_get(0)?,
-            oldest_seconds: row.try_get(1)?,
-        })
-    }
-
     pub(super) async fn rows<T>(
         &self,
         query: Query<'static, Postgres, PgArguments>,
@@ -288,4 +278,39 @@ impl crate::store::sqlx_tx::SqlxSlot for SqlxConn {
     fn persistent(&self) -> bool {
         SqlxConn::persistent(self)
     }
+}
+
+/// The seam's statements in this dialect, run on the pool.
+impl crate::store::queries::Queries for SqlxStore {
+    type Statement = str;
+    type Row = PgRow;
+
+    const STATEMENTS: crate::store::queries::Statements<str> =
+        crate::store::queries::statements!(crate::store::sql::);
+
+    async fn query_rows<T: Send>(
+        &self,
+        statement: &'static str,
+        params: &[crate::store::queries::Param<'_>],
+        map: fn(&PgRow) -> Result<T, ::sqlx::Error>,
+    ) -> Result<Vec<T>, Error> {
+        self.rows(bind(self.query(statement), params), map).await
+    }
+
+    async fn query_affected(
+        &self,
+        statement: &'static str,
+        params: &[crate::store::queries::Param<'_>],
+    ) -> Result<u64, Error> {
+        let query = bind(self.query(statement), params);
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
+}
+
+/// `query` with the seam's `params` bound in order.
+fn bind(
+    query: Query<'static, Postgres, PgArguments>,
+    params: &[crate::store::queries::Param<'_>],
+) -> Query<'static, Postgres, PgArguments> {
+    crate::store::sqlx_tx::bind_params(query, params, |query, id| query.bind(id))
 }

@@ -6,6 +6,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::Store;
+use super::queries::{Param, Queries};
+use super::rows;
 use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
@@ -40,7 +42,7 @@ pub trait LeaseStore: Store {
 
 /// The [`Inbox`](crate::Inbox): a message's record in the consumer's transaction, its
 /// failed attempts, and the look-ups [`Admin`](crate::Admin) makes of them.
-pub trait InboxStore: Store {
+pub trait InboxStore: Store + Queries {
     /// Begins a message's transaction, waits (bounded) for its lock, reads its record and
     /// takes the savepoint a failed attempt rolls back to.
     #[doc(hidden)]
@@ -80,28 +82,50 @@ pub trait InboxStore: Store {
     ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
 
     #[doc(hidden)]
-    fn message_info(
-        &self,
-        group: &str,
-        message_id: &str,
-    ) -> impl Future<Output = Result<Option<MessageInfo>, Error>> + Send;
+    fn message_info<'a>(
+        &'a self,
+        group: &'a str,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<Option<MessageInfo>, Error>> + Send + 'a {
+        async move {
+            let params = [Param::Text(group), Param::Text(message_id)];
+            let statement = Self::STATEMENTS.admin_message;
+            self.query_opt(statement, &params, rows::message_info).await
+        }
+    }
 
     #[doc(hidden)]
     fn failed_messages(
         &self,
         group: &str,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<MessageInfo>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<MessageInfo>, Error>> + Send {
+        let params = [Param::Text(group), Param::I64(limit)];
+        let statement = Self::STATEMENTS.admin_failed_messages;
+        async move {
+            self.query_rows(statement, &params, rows::message_info)
+                .await
+        }
+    }
 
     /// A page of a group's FAILED messages after the cursor (`updated_at` in microseconds
     /// since the epoch, message id), each with its own cursor.
     #[doc(hidden)]
-    fn failed_page(
-        &self,
-        group: &str,
-        after: (i64, &str),
+    fn failed_page<'a>(
+        &'a self,
+        group: &'a str,
+        after: (i64, &'a str),
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<(MessageInfo, i64)>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<(MessageInfo, i64)>, Error>> + Send + 'a {
+        let params = [
+            Param::Text(group),
+            Param::I64(after.0),
+            Param::Text(after.1),
+            Param::I64(limit),
+        ];
+        let statement = Self::STATEMENTS.admin_failed_page;
+        async move { self.query_rows(statement, &params, rows::failed_row).await }
+    }
 
     /// The groups with FAILED messages, with those at `give_up` attempts or more.
     #[doc(hidden)]
@@ -109,22 +133,35 @@ pub trait InboxStore: Store {
         &self,
         give_up: i32,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<InboxFailures>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<InboxFailures>, Error>> + Send {
+        let params = [Param::I32(give_up), Param::I64(limit)];
+        let statement = Self::STATEMENTS.admin_failed_groups;
+        async move {
+            self.query_rows(statement, &params, rows::inbox_failures)
+                .await
+        }
+    }
 
     /// Resets a FAILED message's attempts; whether it had any.
     #[doc(hidden)]
-    fn inbox_reset(
-        &self,
-        group: &str,
-        message_id: &str,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    fn inbox_reset<'a>(
+        &'a self,
+        group: &'a str,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<bool, Error>> + Send + 'a {
+        async move {
+            let params = [Param::Text(group), Param::Text(message_id)];
+            self.query_changed(Self::STATEMENTS.admin_reset_inbox, &params)
+                .await
+        }
+    }
 }
 
 /// The transactional outbox: the enqueue in a handler's transaction
 /// ([`IdempotentTx::enqueue`](crate::IdempotentTx::enqueue)), the
 /// [`OutboxRelay`](crate::outbox::OutboxRelay)'s batches, and the look-ups and requeue of
 /// [`Admin`](crate::Admin).
-pub trait OutboxStore: Store {
+pub trait OutboxStore: Store + Queries {
     /// Enqueues `message` in the handle's transaction.
     #[doc(hidden)]
     fn enqueue(
@@ -150,18 +187,38 @@ pub trait OutboxStore: Store {
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
     #[doc(hidden)]
-    fn outbox_pending(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
+    fn outbox_pending(&self) -> impl Future<Output = Result<Backlog, Error>> + Send {
+        async move {
+            let found = self.query_opt(Self::STATEMENTS.outbox_pending, &[], rows::backlog);
+            Ok(found.await?.unwrap_or_default())
+        }
+    }
 
     #[doc(hidden)]
-    fn outbox_messages(
-        &self,
-        state: &str,
+    fn outbox_messages<'a>(
+        &'a self,
+        state: &'a str,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send + 'a {
+        async move {
+            let params = [Param::Text(state), Param::I64(limit)];
+            self.query_rows(Self::STATEMENTS.admin_outbox, &params, rows::outbox_info)
+                .await
+        }
+    }
 
     /// Puts a parked message back in the queue; whether one was parked under that id.
     #[doc(hidden)]
-    fn outbox_requeue(&self, message_id: &str) -> impl Future<Output = Result<bool, Error>> + Send;
+    fn outbox_requeue<'a>(
+        &'a self,
+        message_id: &'a str,
+    ) -> impl Future<Output = Result<bool, Error>> + Send + 'a {
+        async move {
+            let params = [Param::Text(message_id)];
+            self.query_changed(Self::STATEMENTS.admin_requeue_outbox, &params)
+                .await
+        }
+    }
 
     /// A page of PENDING (`parked == false`) or FAILED messages after seq `after`.
     #[doc(hidden)]
@@ -170,16 +227,31 @@ pub trait OutboxStore: Store {
         parked: bool,
         after: i64,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<OutboxInfo>, Error>> + Send {
+        async move {
+            let statement = if parked {
+                Self::STATEMENTS.admin_outbox_parked_page
+            } else {
+                Self::STATEMENTS.admin_outbox_pending_page
+            };
+            let params = [Param::I64(after), Param::I64(limit)];
+            self.query_rows(statement, &params, rows::outbox_info).await
+        }
+    }
 
     /// Parked messages, and the age of the oldest.
     #[doc(hidden)]
-    fn outbox_parked(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
+    fn outbox_parked(&self) -> impl Future<Output = Result<Backlog, Error>> + Send {
+        async move {
+            let found = self.query_opt(Self::STATEMENTS.outbox_parked, &[], rows::backlog);
+            Ok(found.await?.unwrap_or_default())
+        }
+    }
 }
 
 /// Maintenance of the idempotency records: the [`Sweeper`](crate::Sweeper)'s batches and
 /// stale-lease scan, and [`Admin`](crate::Admin)'s look-ups of records.
-pub trait MaintenanceStore: Store {
+pub trait MaintenanceStore: Store + Queries {
     /// One autocommit batch of the sweeper; the rows it affected.
     #[doc(hidden)]
     fn sweep_batch(&self, batch: SweepBatch) -> impl Future<Output = Result<u64, Error>> + Send;
@@ -201,30 +273,59 @@ pub trait MaintenanceStore: Store {
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
     #[doc(hidden)]
-    fn stale_summary(&self) -> impl Future<Output = Result<Backlog, Error>> + Send;
+    fn stale_summary(&self) -> impl Future<Output = Result<Backlog, Error>> + Send {
+        async move {
+            let found = self.query_opt(Self::STATEMENTS.stale_summary, &[], rows::backlog);
+            Ok(found.await?.unwrap_or_default())
+        }
+    }
 
     /// Ids of the stalest PROCESSING records, the stalest first.
     #[doc(hidden)]
-    fn stale_ids(&self, limit: i64) -> impl Future<Output = Result<Vec<Vec<u8>>, Error>> + Send;
+    fn stale_ids(&self, limit: i64) -> impl Future<Output = Result<Vec<Vec<u8>>, Error>> + Send {
+        async move {
+            let params = [Param::I64(limit)];
+            self.query_rows(Self::STATEMENTS.stale_ids, &params, rows::first_bytes)
+                .await
+        }
+    }
 
     /// The archived records of `id`, the most recently created first.
     #[doc(hidden)]
     fn archived_records(
         &self,
         id: RecordId,
-    ) -> impl Future<Output = Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<(ArchivedRecord, Option<StoredRow>)>, Error>> + Send {
+        let statement = Self::STATEMENTS.admin_archived;
+        async move {
+            self.query_rows(statement, &[Param::Id(id)], rows::archived_record)
+                .await
+        }
+    }
 
     #[doc(hidden)]
     fn record_info(
         &self,
         id: RecordId,
-    ) -> impl Future<Output = Result<Option<RecordInfo>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<RecordInfo>, Error>> + Send {
+        let statement = Self::STATEMENTS.admin_record;
+        async move {
+            self.query_opt(statement, &[Param::Id(id)], rows::record_info)
+                .await
+        }
+    }
 
     #[doc(hidden)]
     fn stale_records(
         &self,
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<RecordInfo>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<RecordInfo>, Error>> + Send {
+        let statement = Self::STATEMENTS.admin_stale;
+        async move {
+            self.query_rows(statement, &[Param::I64(limit)], rows::record_info)
+                .await
+        }
+    }
 
     /// A page of stale leases after the cursor (`locked_until` in microseconds since the
     /// epoch, id), each with its own cursor.
@@ -233,14 +334,26 @@ pub trait MaintenanceStore: Store {
         &self,
         after: (i64, RecordId),
         limit: i64,
-    ) -> impl Future<Output = Result<Vec<(RecordInfo, i64)>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<(RecordInfo, i64)>, Error>> + Send {
+        async move {
+            let params = [Param::I64(after.0), Param::Id(after.1), Param::I64(limit)];
+            self.query_rows(Self::STATEMENTS.admin_stale_page, &params, rows::stale_row)
+                .await
+        }
+    }
 
     /// A record's stored headers, body and body key id.
     #[doc(hidden)]
     fn record_response(
         &self,
         id: RecordId,
-    ) -> impl Future<Output = Result<Option<StoredRow>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<StoredRow>, Error>> + Send {
+        let statement = Self::STATEMENTS.admin_record_response;
+        async move {
+            self.query_opt(statement, &[Param::Id(id)], rows::stored_row)
+                .await
+        }
+    }
 
     /// Releases a stale lease at `token` (FAILED, retryable); whether it was one.
     #[doc(hidden)]
@@ -248,7 +361,13 @@ pub trait MaintenanceStore: Store {
         &self,
         id: RecordId,
         token: i64,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let params = [Param::Id(id), Param::I64(token)];
+        async move {
+            self.query_changed(Self::STATEMENTS.admin_release_lease, &params)
+                .await
+        }
+    }
 
     /// Deletes a record at `token`; whether it was there.
     #[doc(hidden)]
@@ -256,9 +375,21 @@ pub trait MaintenanceStore: Store {
         &self,
         id: RecordId,
         token: i64,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let params = [Param::Id(id), Param::I64(token)];
+        async move {
+            self.query_changed(Self::STATEMENTS.admin_delete_record, &params)
+                .await
+        }
+    }
 
     /// PROCESSING and FAILED records, and the estimated total.
     #[doc(hidden)]
-    fn record_counts(&self) -> impl Future<Output = Result<[i64; 4], Error>> + Send;
+    fn record_counts(&self) -> impl Future<Output = Result<[i64; 4], Error>> + Send {
+        let statement = Self::STATEMENTS.admin_record_counts;
+        async move {
+            let found = self.query_opt(statement, &[], rows::record_counts);
+            Ok(found.await?.unwrap_or_default())
+        }
+    }
 }

@@ -17,6 +17,7 @@
 
 mod abilities;
 pub(crate) mod migrations;
+pub(crate) mod queries;
 pub(crate) mod rows;
 // PostgreSQL's statement texts, shared by its two drivers.
 #[cfg(any(feature = "postgres", feature = "sqlx"))]

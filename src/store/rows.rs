@@ -5,12 +5,12 @@
 use crate::engine::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
 use crate::engine::key::{RecordId, hex};
 use crate::engine::record::decode_headers;
-use crate::engine::record::{RecordRow, StoredRow};
+use crate::engine::record::{Backlog, RecordRow, StoredRow};
 use crate::engine::view::InboxFailures;
 use crate::engine::view::{ArchivedRecord, MessageInfo, OutboxInfo, RecordInfo, epoch};
 
 /// A driver's result row, read by column position.
-pub(crate) trait Row {
+pub trait Row {
     /// The driver's decoding error.
     type Error;
     fn text(&self, i: usize) -> Result<String, Self::Error>;
@@ -47,6 +47,20 @@ macro_rules! impl_row {
     };
 }
 pub(crate) use impl_row;
+
+/// A count and the age in seconds of the oldest (`STALE_SUMMARY`, `OUTBOX_PENDING`,
+/// `OUTBOX_PARKED`).
+pub(crate) fn backlog<R: Row>(row: &R) -> Result<Backlog, R::Error> {
+    Ok(Backlog {
+        count: row.i64(0)?,
+        oldest_seconds: row.opt_f64(1)?,
+    })
+}
+
+/// A first column of bytes (`STALE_IDS`).
+pub(crate) fn first_bytes<R: Row>(row: &R) -> Result<Vec<u8>, R::Error> {
+    row.bytes(0)
+}
 
 /// The columns of [`sql::LOOKUP`](super::sql::LOOKUP); the claim function returns the
 /// same, with `locked` and `found` before `body_key_id`, which is at `body_key_id`.

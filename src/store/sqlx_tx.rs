@@ -1,9 +1,13 @@
-//! [`SqlxTx`]: the handle of the three sqlx drivers (PostgreSQL, MySQL/MariaDB, SQLite) on
-//! the shared transaction, written once over the driver's connection slot.
+//! What the three sqlx drivers (PostgreSQL, MySQL/MariaDB, SQLite) share, written once:
+//! [`SqlxTx`], the handle on the shared transaction over the driver's connection slot, and
+//! [`bind_params`], the query seam's parameters bound to a sqlx query.
 
 use std::fmt;
 
 use tokio::sync::OwnedRwLockWriteGuard;
+
+use ::sqlx::query::Query;
+use ::sqlx::{Database, Encode, Type};
 
 use crate::engine::key::RecordId;
 use crate::engine::shared_tx::HandleToken;
@@ -66,4 +70,32 @@ impl<C> fmt::Debug for SqlxTx<C> {
             .field("record", &self.token.id())
             .finish_non_exhaustive()
     }
+}
+
+/// A sqlx query of `DB` with its arguments.
+pub(crate) type SqlxQuery<'q, DB> = Query<'q, DB, <DB as Database>::Arguments>;
+
+/// `query` with the query seam's `params` bound in order (texts copied: the query outlives
+/// them); `bind_id` binds a record id in the driver's column type.
+pub(crate) fn bind_params<'q, DB>(
+    mut query: SqlxQuery<'q, DB>,
+    params: &[crate::store::queries::Param<'_>],
+    bind_id: fn(SqlxQuery<'q, DB>, RecordId) -> SqlxQuery<'q, DB>,
+) -> SqlxQuery<'q, DB>
+where
+    DB: Database,
+    String: Encode<'q, DB> + Type<DB>,
+    i32: Encode<'q, DB> + Type<DB>,
+    i64: Encode<'q, DB> + Type<DB>,
+{
+    use crate::store::queries::Param;
+    for param in params {
+        query = match *param {
+            Param::Id(id) => bind_id(query, id),
+            Param::Text(text) => query.bind(text.to_owned()),
+            Param::I32(value) => query.bind(value),
+            Param::I64(value) => query.bind(value),
+        };
+    }
+    query
 }

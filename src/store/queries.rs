@@ -1,0 +1,152 @@
+//! The query seam under the drivers: what every database does the same way — run one
+//! statement with a few parameters, decode its rows with [`rows`](super::rows)'s decoders
+//! — is written once, over [`Queries`], which each driver implements with its client
+//! library. A driver gives its statement texts in [`Statements`] and binds [`Param`]s its
+//! own way; the abilities' provided methods do the rest.
+
+use std::future::Future;
+
+use super::rows::Row;
+use crate::engine::error::Error;
+
+/// A row decoder of [`rows`](super::rows), for one driver's row type.
+pub(crate) type Decoder<R, T> = fn(&R) -> Result<T, <R as Row>::Error>;
+
+/// A statement's parameter, as the seam passes it; each driver binds it in its own
+/// protocol.
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    /// A record id: PostgreSQL's `uuid`, 16 bytes elsewhere.
+    Id(crate::engine::key::RecordId),
+    Text(&'a str),
+    I32(i32),
+    I64(i64),
+}
+
+/// The statements written once over [`Queries`], in one driver's dialect: the same
+/// parameters, in the same order, and the same columns, whatever the database.
+#[derive(Debug)]
+pub struct Statements<S: ?Sized + 'static> {
+    /// A message's record. Group, message id.
+    pub(crate) admin_message: &'static S,
+    /// A group's FAILED messages, newest first. Group, limit.
+    pub(crate) admin_failed_messages: &'static S,
+    /// A page of a group's FAILED messages after a cursor. Group, `updated_at`
+    /// (microseconds), message id, limit.
+    pub(crate) admin_failed_page: &'static S,
+    /// The groups with FAILED messages. Attempts that count as given up, limit.
+    pub(crate) admin_failed_groups: &'static S,
+    /// Resets a FAILED message's attempts. Group, message id.
+    pub(crate) admin_reset_inbox: &'static S,
+    /// A record's state for the console. Id.
+    pub(crate) admin_record: &'static S,
+    /// A key's archived records, newest first. Id.
+    pub(crate) admin_archived: &'static S,
+    /// The stalest leases. Limit.
+    pub(crate) admin_stale: &'static S,
+    /// A page of stale leases after a cursor. `locked_until` (microseconds), id, limit.
+    pub(crate) admin_stale_page: &'static S,
+    /// A record's stored answer. Id.
+    pub(crate) admin_record_response: &'static S,
+    /// Releases a stale lease at its token. Id, token.
+    pub(crate) admin_release_lease: &'static S,
+    /// Deletes a record at its token. Id, token.
+    pub(crate) admin_delete_record: &'static S,
+    /// PROCESSING and FAILED counts and the estimated total.
+    pub(crate) admin_record_counts: &'static S,
+    /// Outbox messages in a state, oldest first. State, limit.
+    pub(crate) admin_outbox: &'static S,
+    /// Puts a parked message back in the queue. Message id.
+    pub(crate) admin_requeue_outbox: &'static S,
+    /// A page of PENDING messages after a seq. Seq, limit.
+    pub(crate) admin_outbox_pending_page: &'static S,
+    /// A page of FAILED (parked) messages after a seq. Seq, limit.
+    pub(crate) admin_outbox_parked_page: &'static S,
+    /// PROCESSING records past their lease: count, age of the oldest.
+    pub(crate) stale_summary: &'static S,
+    /// Ids of the stalest PROCESSING records. Limit.
+    pub(crate) stale_ids: &'static S,
+    /// PENDING messages: count, age of the oldest.
+    pub(crate) outbox_pending: &'static S,
+    /// FAILED (parked) messages: count, age of the oldest.
+    pub(crate) outbox_parked: &'static S,
+}
+
+/// A database as the seam sees it: its statements, and how it runs one.
+#[doc(hidden)]
+pub trait Queries: Send + Sync {
+    /// What the driver runs: a statement's text, or its own prepared-statement descriptor.
+    type Statement: ?Sized + Sync + 'static;
+    /// The driver's result row.
+    type Row: Row;
+
+    /// The driver's texts of the seam's statements.
+    const STATEMENTS: Statements<Self::Statement>;
+
+    /// Runs `statement` with `params`, each row decoded by `map`.
+    fn query_rows<T: Send>(
+        &self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+        map: Decoder<Self::Row, T>,
+    ) -> impl Future<Output = Result<Vec<T>, Error>> + Send;
+
+    /// Runs `statement` with `params`; the rows it changed.
+    fn query_affected(
+        &self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Runs `statement`, which returns at most one row; that row, decoded.
+    fn query_opt<T: Send>(
+        &self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+        map: Decoder<Self::Row, T>,
+    ) -> impl Future<Output = Result<Option<T>, Error>> + Send {
+        let found = self.query_rows(statement, params, map);
+        async move { Ok(found.await?.into_iter().next()) }
+    }
+
+    /// Runs `statement`, which changes at most one row; whether it changed one.
+    fn query_changed(
+        &self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        let changed = self.query_affected(statement, params);
+        async move { Ok(changed.await? == 1) }
+    }
+}
+
+/// A driver's [`Statements`] from its dialect's constants, named as the fields in upper
+/// case: `statements!(sql::)`, or `statements!(&statement::)` for descriptors.
+macro_rules! statements {
+    ($($path:tt)*) => {
+        $crate::store::queries::Statements {
+            admin_message: $($path)* ADMIN_MESSAGE,
+            admin_failed_messages: $($path)* ADMIN_FAILED_MESSAGES,
+            admin_failed_page: $($path)* ADMIN_FAILED_PAGE,
+            admin_failed_groups: $($path)* ADMIN_FAILED_GROUPS,
+            admin_reset_inbox: $($path)* ADMIN_RESET_INBOX,
+            admin_record: $($path)* ADMIN_RECORD,
+            admin_archived: $($path)* ADMIN_ARCHIVED,
+            admin_stale: $($path)* ADMIN_STALE,
+            admin_stale_page: $($path)* ADMIN_STALE_PAGE,
+            admin_record_response: $($path)* ADMIN_RECORD_RESPONSE,
+            admin_release_lease: $($path)* ADMIN_RELEASE_LEASE,
+            admin_delete_record: $($path)* ADMIN_DELETE_RECORD,
+            admin_record_counts: $($path)* ADMIN_RECORD_COUNTS,
+            admin_outbox: $($path)* ADMIN_OUTBOX,
+            admin_requeue_outbox: $($path)* ADMIN_REQUEUE_OUTBOX,
+            admin_outbox_pending_page: $($path)* ADMIN_OUTBOX_PENDING_PAGE,
+            admin_outbox_parked_page: $($path)* ADMIN_OUTBOX_PARKED_PAGE,
+            stale_summary: $($path)* STALE_SUMMARY,
+            stale_ids: $($path)* STALE_IDS,
+            outbox_pending: $($path)* OUTBOX_PENDING,
+            outbox_parked: $($path)* OUTBOX_PARKED,
+        }
+    };
+}
+pub(crate) use statements;
