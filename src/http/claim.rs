@@ -15,7 +15,7 @@ use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::complete::{replay, schema_missing_logged_once};
 use crate::http::rejection::{Rejection, RejectionKind};
 use crate::http::state::RequestState;
-use crate::store::LeaseStore;
+use crate::store::{LeaseStore, TxHandle};
 
 impl<D: LeaseStore> RequestState<D> {
     /// A key can be claimed once per request, by one kind of extractor.
@@ -47,7 +47,7 @@ impl<D: LeaseStore> RequestState<D> {
             // A second extractor in the same handler shares the transaction, where the
             // driver's handles can share it.
             drop(slot);
-            return D::handle(&self.tx).ok_or_else(held);
+            return D::Handle::on_shared(&self.tx).ok_or_else(held);
         }
         self.first_claim().map_err(|r| self.reject(r))?;
         if self.key.is_none() {
@@ -58,7 +58,7 @@ impl<D: LeaseStore> RequestState<D> {
             })?;
             *slot = Some(conn);
             drop(slot);
-            return D::handle(&self.tx).ok_or_else(held);
+            return D::Handle::on_shared(&self.tx).ok_or_else(held);
         }
         if let Some(answer) = self.answer_from_cache() {
             return Err(answer);
@@ -90,7 +90,7 @@ impl<D: LeaseStore> RequestState<D> {
                 self.replaces.store(replaces, Ordering::Release);
                 *slot = Some(conn);
                 drop(slot);
-                D::handle(&self.tx).ok_or_else(held)
+                D::Handle::on_shared(&self.tx).ok_or_else(held)
             }
             Claim::InFlight => {
                 tracing::debug!(record = %self.id, "in flight");

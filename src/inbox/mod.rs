@@ -27,7 +27,7 @@ mod outcome;
 pub mod rabbit;
 
 pub use self::outcome::{InboxError, Outcome};
-use crate::store::{IdempotentTx, InboxStore, IntoStore, Store};
+use crate::store::{IdempotentTx, InboxStore, IntoStore, Store, TxHandle};
 
 /// An idempotent consumer for one consumer group.
 ///
@@ -355,7 +355,8 @@ impl<D: InboxStore> Inbox<D> {
 
         let shared = Arc::new(SharedTx::new(id));
         *shared.slot().await = Some(conn);
-        let handle = D::handle(&shared).expect("a fresh transaction has no other handle");
+        let handle =
+            D::Handle::on_shared(&shared).expect("a fresh transaction has no other handle");
         let work = AssertUnwindSafe(work(IdempotentTx::new(handle))).catch_unwind();
         // A driver that cannot see a silent link itself watches it while the work runs.
         let result = tokio::select! {

@@ -231,8 +231,6 @@ pub(super) const DUPLICATE_KEY: u16 = 1062;
 pub(super) const DEADLOCK: u16 = 1213;
 /// A `NOT NULL` column given `NULL`: lease mode's token when the counter row is missing.
 pub(super) const COLUMN_CANNOT_BE_NULL: u16 = 1048;
-/// No such table.
-pub(super) const NO_SUCH_TABLE: u16 = 1146;
 /// `SAVEPOINT ... does not exist`: the transaction that took it is gone.
 pub(super) const NO_SUCH_SAVEPOINT: u16 = 1305;
 /// "Transaction characteristics can't be changed while a transaction is in progress".

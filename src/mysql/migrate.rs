@@ -18,9 +18,6 @@ const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS axum_idempoten
 const MIGRATION_LOCK: &str = "SELECT GET_LOCK(?, ?)";
 /// Releases [`MIGRATION_LOCK`]. `?` lock name.
 const MIGRATION_UNLOCK: &str = "SELECT RELEASE_LOCK(?)";
-/// The highest applied version (0 for none).
-pub(super) const SCHEMA_VERSION: &str =
-    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM axum_idempotency_migrations";
 /// Records an applied version. `?` version, name.
 /// (A row another node's `migrate` wrote at the same time is kept: `GET_LOCK` is
 /// node-local on Galera, and every migration statement is safe to run twice.)
@@ -166,7 +163,7 @@ fn unsupported_version(version: &str) -> Option<String> {
 /// commits implicitly; every statement is safe to repeat).
 async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
     conn.execute(CREATE_MIGRATIONS_TABLE).await?;
-    let current: i32 = statement(SCHEMA_VERSION, false)
+    let current: i32 = statement(super::sql::SCHEMA_VERSION, false)
         .fetch_one(&mut *conn)
         .await?
         .try_get(0)?;

@@ -2,7 +2,6 @@
 //! placeholder inserted at the start of the transaction, and the completion that turns the
 //! placeholder into the record.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::mysql::MySqlRow;
@@ -11,15 +10,14 @@ use ::sqlx::{Executor, MySqlConnection, Row};
 use super::MySqlStore;
 use super::MySqlTx;
 use super::conn::{
-    DEADLOCK, DUPLICATE_KEY, MySqlConn, NO_SUCH_TABLE, error_number, lock_refused,
-    lock_wait_seconds, savepoint_error, statement, transaction_lost,
+    DEADLOCK, DUPLICATE_KEY, MySqlConn, error_number, lock_refused, lock_wait_seconds,
+    savepoint_error, statement, transaction_lost,
 };
 use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
-use crate::engine::shared_tx::SharedTx;
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows};
 
@@ -97,17 +95,6 @@ impl Store for MySqlStore {
 
     async fn migrate(&self) -> Result<(), Error> {
         super::migrate::run(&self.pool).await
-    }
-
-    async fn schema_version(&self) -> Result<i32, Error> {
-        match statement(super::migrate::SCHEMA_VERSION, false)
-            .fetch_one(&self.pool)
-            .await
-        {
-            Ok(row) => Ok(row.try_get(0)?),
-            Err(e) if error_number(&e) == Some(NO_SUCH_TABLE) => Ok(0),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// The look-up outside any transaction; for a new key, then, one text query that
@@ -239,22 +226,5 @@ impl Store for MySqlStore {
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.map(|row| rows::record_row(&row, 9)).transpose()?)
-    }
-
-    fn handle(shared: &Arc<SharedTx<MySqlConn>>) -> Option<MySqlTx> {
-        let guard = shared.try_write_owned()?;
-        Some(MySqlTx::new(guard, shared.count_handle()))
-    }
-
-    fn handle_id(handle: &MySqlTx) -> RecordId {
-        handle.record_id()
-    }
-
-    fn tx(handle: &MySqlTx) -> &MySqlConnection {
-        handle.connection()
-    }
-
-    fn tx_mut(handle: &mut MySqlTx) -> &mut MySqlConnection {
-        handle.connection_mut()
     }
 }

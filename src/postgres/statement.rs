@@ -146,6 +146,14 @@ pub(crate) const PURGE_MESSAGES: Sql = Sql {
     text: sql::PURGE_MESSAGES,
     types: &[Type::FLOAT8, Type::FLOAT8, Type::FLOAT8, Type::INT8],
 };
+pub(crate) const SCHEMA_TABLE: Sql = Sql {
+    text: sql::SCHEMA_TABLE,
+    types: &[],
+};
+pub(crate) const SCHEMA_VERSION: Sql = Sql {
+    text: sql::SCHEMA_VERSION,
+    types: &[],
+};
 pub(crate) const STALE_SUMMARY: Sql = Sql {
     text: sql::STALE_SUMMARY,
     types: &[],
@@ -300,6 +308,8 @@ pub(crate) const STATEMENTS: &[&Sql] = &[
     &PURGE_RECORDS_ARCHIVING,
     &PURGE_ARCHIVE,
     &PURGE_MESSAGES,
+    &SCHEMA_TABLE,
+    &SCHEMA_VERSION,
     &STALE_SUMMARY,
     &STALE_IDS,
     &MARK_STALE_FAILED,
@@ -501,7 +511,7 @@ mod tests {
             assert_eq!(inferred.params(), sql.types, "{}", sql.text);
             checked += 1;
         }
-        assert_eq!(checked, 47);
+        assert_eq!(checked, 49);
         client
             .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
             .await

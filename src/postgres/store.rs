@@ -1,7 +1,6 @@
 //! [`Store`] for tokio-postgres: every statement pipelined where the protocol allows, in
 //! one round trip per step.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_postgres::error::SqlState;
@@ -15,7 +14,6 @@ use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord, RecordRow};
-use crate::engine::shared_tx::SharedTx;
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows, sql};
 
@@ -55,19 +53,6 @@ impl Store for PgStore {
 
     async fn migrate(&self) -> Result<(), Error> {
         super::migrate::run(self.checkout().await?).await
-    }
-
-    async fn schema_version(&self) -> Result<i32, Error> {
-        let conn = self.checkout().await?;
-        match conn
-            .client()
-            .query_typed_one(sql::SCHEMA_VERSION, &[])
-            .await
-        {
-            Ok(row) => Ok(row.try_get(0)?),
-            Err(e) if e.code() == Some(&SqlState::UNDEFINED_TABLE) => Ok(0),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// By default, first a lookup outside any transaction: a replay, a 422 or a 409 for a
@@ -270,22 +255,6 @@ impl Store for PgStore {
         let lookup = db.prepare(&statement::LOOKUP).await?;
         let row = db.query_opt(&lookup, &[&id]).await?;
         Ok(row.map(|row| rows::record_row(&row, 9)).transpose()?)
-    }
-
-    fn handle(shared: &Arc<SharedTx<TxConn>>) -> Option<PgTx> {
-        Some(PgTx::new(shared.count_handle()))
-    }
-
-    fn handle_id(handle: &PgTx) -> RecordId {
-        handle.record_id()
-    }
-
-    fn tx(handle: &PgTx) -> &PgTx {
-        handle
-    }
-
-    fn tx_mut(handle: &mut PgTx) -> &mut PgTx {
-        handle
     }
 }
 

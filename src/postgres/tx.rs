@@ -9,7 +9,7 @@ use super::conn::{TxConn, lock_timeout};
 use super::statement::{self, Db};
 use crate::engine::error::Error;
 use crate::engine::record::Deferred;
-use crate::engine::shared_tx::HandleToken;
+use crate::engine::shared_tx::{HandleToken, SharedTx};
 
 /// What [`IdempotentTx`](super::IdempotentTx) derefs to on tokio-postgres: the
 /// statements of the transaction that also stores the idempotency record
@@ -17,6 +17,28 @@ use crate::engine::shared_tx::HandleToken;
 /// `ROLLBACK`, `BEGIN` and the like: the layer ends the transaction.
 pub struct PgTx {
     token: HandleToken<TxConn>,
+}
+
+impl crate::store::TxHandle for PgTx {
+    type Conn = TxConn;
+    type Target = PgTx;
+
+    /// Handles share the connection (statements wait their turn on it).
+    fn on_shared(shared: &std::sync::Arc<SharedTx<TxConn>>) -> Option<Self> {
+        Some(PgTx::new(shared.count_handle()))
+    }
+
+    fn record_id(&self) -> crate::engine::key::RecordId {
+        self.token.id()
+    }
+
+    fn target(&self) -> &PgTx {
+        self
+    }
+
+    fn target_mut(&mut self) -> &mut PgTx {
+        self
+    }
 }
 
 impl PgTx {
@@ -120,11 +142,6 @@ impl PgTx {
             c.client().query_raw(statement, params).await
         })
         .await
-    }
-
-    /// The record id this handle's transaction claimed.
-    pub(crate) fn record_id(&self) -> crate::engine::key::RecordId {
-        self.token.id()
     }
 
     /// Prepares a statement once per pooled connection and returns the cached copy after

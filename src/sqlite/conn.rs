@@ -78,12 +78,6 @@ pub(super) fn is_unique_violation(error: &::sqlx::Error) -> bool {
         .is_some_and(|e| e.is_unique_violation())
 }
 
-pub(super) fn is_no_such_table(error: &::sqlx::Error) -> bool {
-    error
-        .as_database_error()
-        .is_some_and(|e| e.message().starts_with("no such table"))
-}
-
 /// The shortest bounded wait: `BEGIN` is answered by the connection's worker thread, so
 /// even a free write lock takes a moment to be granted.
 const MIN_WAIT: Duration = Duration::from_millis(50);

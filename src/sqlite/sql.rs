@@ -411,6 +411,9 @@ pub(super) const CREATE_MIGRATIONS_TABLE: &str =
         name       TEXT    NOT NULL,
         applied_at REAL    NOT NULL DEFAULT (unixepoch('subsec'))
     )";
+/// Whether the migration table exists (1) or not (0).
+pub(super) const SCHEMA_TABLE: &str = "SELECT count(*) FROM sqlite_master \
+    WHERE type = 'table' AND name = 'axum_idempotency_migrations'";
 /// The highest applied version (0 for none).
 pub(super) const SCHEMA_VERSION: &str =
     "SELECT coalesce(max(version), 0) FROM axum_idempotency_migrations";

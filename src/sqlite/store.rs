@@ -2,20 +2,18 @@
 //! `BEGIN IMMEDIATE` and the look-up again under SQLite's write lock) and the completion
 //! (the record's insert, then `COMMIT`).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::sqlite::SqliteRow;
 use ::sqlx::{Row, SqliteConnection};
 
 use super::SqliteTx;
-use super::conn::{SqliteConn, begin_immediate, is_no_such_table, is_unique_violation, statement};
+use super::conn::{SqliteConn, begin_immediate, is_unique_violation, statement};
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
-use crate::engine::shared_tx::SharedTx;
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows};
 
@@ -39,17 +37,6 @@ impl Store for SqliteStore {
 
     async fn migrate(&self) -> Result<(), Error> {
         super::migrate::run(&self.pool).await
-    }
-
-    async fn schema_version(&self) -> Result<i32, Error> {
-        match statement(sql::SCHEMA_VERSION, false)
-            .fetch_one(&self.pool)
-            .await
-        {
-            Ok(row) => Ok(row.try_get(0)?),
-            Err(e) if is_no_such_table(&e) => Ok(0),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// The record's look-up outside any transaction (a replay, a 422 or a 409 for a leased
@@ -175,22 +162,5 @@ impl Store for SqliteStore {
             .fetch_optional(&self.pool)
             .await?;
         Ok(row.as_ref().map(record_row).transpose()?)
-    }
-
-    fn handle(shared: &Arc<SharedTx<SqliteConn>>) -> Option<SqliteTx> {
-        let guard = shared.try_write_owned()?;
-        Some(SqliteTx::new(guard, shared.count_handle()))
-    }
-
-    fn handle_id(handle: &SqliteTx) -> RecordId {
-        handle.record_id()
-    }
-
-    fn tx(handle: &SqliteTx) -> &SqliteConnection {
-        handle.connection()
-    }
-
-    fn tx_mut(handle: &mut SqliteTx) -> &mut SqliteConnection {
-        handle.connection_mut()
     }
 }

@@ -156,7 +156,6 @@ pub(super) fn sql_state(error: &::sqlx::Error) -> Option<String> {
 
 pub(super) const UNIQUE_VIOLATION: &str = "23505";
 pub(super) const LOCK_NOT_AVAILABLE: &str = "55P03";
-pub(super) const UNDEFINED_TABLE: &str = "42P01";
 
 pub(super) fn lock_timeout(wait: Duration) -> String {
     format!("{}ms", wait.as_millis().max(1))

@@ -1,7 +1,6 @@
 //! [`Store`] for sqlx: the same statements as the tokio-postgres driver, one round trip
 //! each (so the claim after the first lookup is one call of the claim function).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ::sqlx::postgres::types::Oid;
@@ -11,14 +10,12 @@ use ::sqlx::{PgConnection, Row};
 use super::SqlxStore;
 use super::SqlxTx;
 use super::conn::{
-    SqlxConn, UNDEFINED_TABLE, UNIQUE_VIOLATION, broke_connection, sql_state, statement, timed_out,
-    wait_lock,
+    SqlxConn, UNIQUE_VIOLATION, broke_connection, sql_state, statement, timed_out, wait_lock,
 };
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
-use crate::engine::shared_tx::SharedTx;
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows, sql};
 
@@ -56,17 +53,6 @@ impl Store for SqlxStore {
 
     async fn migrate(&self) -> Result<(), Error> {
         super::migrate::run(&self.pool).await
-    }
-
-    async fn schema_version(&self) -> Result<i32, Error> {
-        match statement(sql::SCHEMA_VERSION, false)
-            .fetch_one(&self.pool)
-            .await
-        {
-            Ok(row) => Ok(row.try_get(0)?),
-            Err(e) if sql_state(&e).as_deref() == Some(UNDEFINED_TABLE) => Ok(0),
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// By default, first a lookup outside any transaction (a replay, a 422 or a 409 for a
@@ -236,22 +222,5 @@ impl Store for SqlxStore {
                 self.link.timeout
             ),
         )))
-    }
-
-    fn handle(shared: &Arc<SharedTx<SqlxConn>>) -> Option<SqlxTx> {
-        let guard = shared.try_write_owned()?;
-        Some(SqlxTx::new(guard, shared.count_handle()))
-    }
-
-    fn handle_id(handle: &SqlxTx) -> RecordId {
-        handle.record_id()
-    }
-
-    fn tx(handle: &SqlxTx) -> &PgConnection {
-        handle.connection()
-    }
-
-    fn tx_mut(handle: &mut SqlxTx) -> &mut PgConnection {
-        handle.connection_mut()
     }
 }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::Store;
-use super::queries::{Param, Queries};
+use super::queries::Param;
 use super::rows;
 use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
@@ -42,7 +42,7 @@ pub trait LeaseStore: Store {
 
 /// The [`Inbox`](crate::Inbox): a message's record in the consumer's transaction, its
 /// failed attempts, and the look-ups [`Admin`](crate::Admin) makes of them.
-pub trait InboxStore: Store + Queries {
+pub trait InboxStore: Store {
     /// Begins a message's transaction, waits (bounded) for its lock, reads its record and
     /// takes the savepoint a failed attempt rolls back to.
     #[doc(hidden)]
@@ -161,7 +161,7 @@ pub trait InboxStore: Store + Queries {
 /// ([`IdempotentTx::enqueue`](crate::IdempotentTx::enqueue)), the
 /// [`OutboxRelay`](crate::outbox::OutboxRelay)'s batches, and the look-ups and requeue of
 /// [`Admin`](crate::Admin).
-pub trait OutboxStore: Store + Queries {
+pub trait OutboxStore: Store {
     /// Enqueues `message` in the handle's transaction.
     #[doc(hidden)]
     fn enqueue(
@@ -251,7 +251,7 @@ pub trait OutboxStore: Store + Queries {
 
 /// Maintenance of the idempotency records: the [`Sweeper`](crate::Sweeper)'s batches and
 /// stale-lease scan, and [`Admin`](crate::Admin)'s look-ups of records.
-pub trait MaintenanceStore: Store + Queries {
+pub trait MaintenanceStore: Store {
     /// One autocommit batch of the sweeper; the rows it affected.
     #[doc(hidden)]
     fn sweep_batch(&self, batch: SweepBatch) -> impl Future<Output = Result<u64, Error>> + Send;

@@ -29,16 +29,16 @@ mod tx;
 
 pub use self::abilities::{InboxStore, LeaseStore, MaintenanceStore, OutboxStore};
 pub use self::tx::IdempotentTx;
+pub(crate) use self::tx::TxHandle;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
+use self::queries::Queries;
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
 use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord, RecordRow};
-use crate::engine::shared_tx::SharedTx;
 
 /// A database driver the crate's components run on: `PgStore` (feature `postgres`:
 /// tokio-postgres over deadpool, bb8 or any `ClientPool`), `SqlxStore` (feature `sqlx`,
@@ -48,13 +48,13 @@ use crate::engine::shared_tx::SharedTx;
 ///
 /// Sealed: its operations are the crate's business, and a new driver is added in the
 /// crate. Components take anything that [`IntoStore`], so users pass their pool.
-pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
+pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
     /// A pooled connection inside a transaction the crate began.
     #[doc(hidden)]
     type Conn: Send + Sync + 'static;
     /// What a handler or inbox work holds to run statements in the shared transaction.
     #[doc(hidden)]
-    type Handle: Send + Sync + 'static;
+    type Handle: TxHandle<Conn = Self::Conn, Target = Self::Tx>;
     /// What [`IdempotentTx`] derefs to.
     type Tx: ?Sized;
 
@@ -75,7 +75,16 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
 
     /// The highest migration applied (0 when none, or no migration table).
     #[doc(hidden)]
-    fn schema_version(&self) -> impl Future<Output = Result<i32, Error>> + Send;
+    fn schema_version(&self) -> impl Future<Output = Result<i32, Error>> + Send {
+        async move {
+            let table = self.query_opt(Self::STATEMENTS.schema_table, &[], rows::first_i64);
+            if table.await?.unwrap_or(0) == 0 {
+                return Ok(0);
+            }
+            let version = self.query_opt(Self::STATEMENTS.schema_version, &[], rows::first_i32);
+            Ok(version.await?.unwrap_or(0))
+        }
+    }
 
     /// Begins a transaction and claims the key: the lock first, then the record in a
     /// snapshot taken after it. With `wait`, the lock is awaited for that long.
@@ -131,23 +140,6 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed {
     fn link_lost(&self) -> impl Future<Output = Error> + Send {
         std::future::pending()
     }
-
-    /// The record id a handle's transaction claimed (for `derive_key`).
-    #[doc(hidden)]
-    fn handle_id(handle: &Self::Handle) -> RecordId;
-
-    /// What [`IdempotentTx`] derefs to: the handle itself (tokio-postgres), or the
-    /// transaction's `PgConnection` (sqlx).
-    #[doc(hidden)]
-    fn tx(handle: &Self::Handle) -> &Self::Tx;
-
-    #[doc(hidden)]
-    fn tx_mut(handle: &mut Self::Handle) -> &mut Self::Tx;
-
-    /// A new handle on a transaction that holds a connection; `None` if the driver hands
-    /// the connection out exclusively and another handle holds it.
-    #[doc(hidden)]
-    fn handle(shared: &Arc<SharedTx<Self::Conn>>) -> Option<Self::Handle>;
 }
 
 /// What the crate's components accept where they need the database: a pool of one of the

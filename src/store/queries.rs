@@ -62,6 +62,10 @@ pub struct Statements<S: ?Sized + 'static> {
     pub(crate) admin_outbox_pending_page: &'static S,
     /// A page of FAILED (parked) messages after a seq. Seq, limit.
     pub(crate) admin_outbox_parked_page: &'static S,
+    /// Whether the migration table exists: 1 or 0.
+    pub(crate) schema_table: &'static S,
+    /// The highest migration applied (0 for none); the table exists.
+    pub(crate) schema_version: &'static S,
     /// PROCESSING records past their lease: count, age of the oldest.
     pub(crate) stale_summary: &'static S,
     /// Ids of the stalest PROCESSING records. Limit.
@@ -142,6 +146,8 @@ macro_rules! statements {
             admin_requeue_outbox: $($path)* ADMIN_REQUEUE_OUTBOX,
             admin_outbox_pending_page: $($path)* ADMIN_OUTBOX_PENDING_PAGE,
             admin_outbox_parked_page: $($path)* ADMIN_OUTBOX_PARKED_PAGE,
+            schema_table: $($path)* SCHEMA_TABLE,
+            schema_version: $($path)* SCHEMA_VERSION,
             stale_summary: $($path)* STALE_SUMMARY,
             stale_ids: $($path)* STALE_IDS,
             outbox_pending: $($path)* OUTBOX_PENDING,

@@ -57,6 +57,16 @@ pub(crate) fn backlog<R: Row>(row: &R) -> Result<Backlog, R::Error> {
     })
 }
 
+/// A first column of `int4` (`SCHEMA_VERSION`).
+pub(crate) fn first_i32<R: Row>(row: &R) -> Result<i32, R::Error> {
+    row.i32(0)
+}
+
+/// A first column of `int8` (`SCHEMA_TABLE`).
+pub(crate) fn first_i64<R: Row>(row: &R) -> Result<i64, R::Error> {
+    row.i64(0)
+}
+
 /// A first column of bytes (`STALE_IDS`).
 pub(crate) fn first_bytes<R: Row>(row: &R) -> Result<Vec<u8>, R::Error> {
     row.bytes(0)

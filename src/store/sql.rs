@@ -465,6 +465,9 @@ pub(crate) const CREATE_MIGRATIONS_TABLE: &str =
     )";
 /// Serialises concurrent `migrate` calls. `$1` [`MIGRATION_LOCK`](super::migrations::MIGRATION_LOCK).
 pub(crate) const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock($1)";
+/// Whether the migration table exists (1) or not (0), as a name in the search path.
+pub(crate) const SCHEMA_TABLE: &str =
+    "SELECT count(*) WHERE to_regclass('axum_idempotency_migrations') IS NOT NULL";
 /// The highest applied version (0 for none).
 pub(crate) const SCHEMA_VERSION: &str =
     "SELECT coalesce(max(version), 0) FROM axum_idempotency_migrations";

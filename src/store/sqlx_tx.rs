@@ -3,6 +3,7 @@
 //! [`bind_params`], the query seam's parameters bound to a sqlx query.
 
 use std::fmt;
+use std::sync::Arc;
 
 use tokio::sync::OwnedRwLockWriteGuard;
 
@@ -10,7 +11,7 @@ use ::sqlx::query::Query;
 use ::sqlx::{Database, Encode, Type};
 
 use crate::engine::key::RecordId;
-use crate::engine::shared_tx::HandleToken;
+use crate::engine::shared_tx::{HandleToken, SharedTx};
 
 /// What a sqlx driver keeps in the shared transaction's slot: its connection, and the
 /// store's prepared-statement setting.
@@ -38,11 +39,6 @@ impl<C: SqlxSlot> SqlxTx<C> {
         Self { guard, token }
     }
 
-    /// The record id this handle's transaction claimed.
-    pub(crate) fn record_id(&self) -> RecordId {
-        self.token.id()
-    }
-
     /// The slot: the connection and the store's settings.
     pub(crate) fn slot_mut(&mut self) -> &mut C {
         // The slot is filled before a handle is made, and emptied only once no handle
@@ -61,6 +57,29 @@ impl<C: SqlxSlot> SqlxTx<C> {
 
     pub(crate) fn connection_mut(&mut self) -> &mut C::Connection {
         self.slot_mut().connection_mut()
+    }
+}
+
+impl<C: SqlxSlot> crate::store::TxHandle for SqlxTx<C> {
+    type Conn = C;
+    type Target = C::Connection;
+
+    /// The connection is handed out exclusively: `None` while another handle holds it.
+    fn on_shared(shared: &Arc<SharedTx<C>>) -> Option<Self> {
+        let guard = shared.try_write_owned()?;
+        Some(Self::new(guard, shared.count_handle()))
+    }
+
+    fn record_id(&self) -> RecordId {
+        self.token.id()
+    }
+
+    fn target(&self) -> &C::Connection {
+        self.connection()
+    }
+
+    fn target_mut(&mut self) -> &mut C::Connection {
+        self.connection_mut()
     }
 }
 

@@ -1,4 +1,5 @@
-//! [`IdempotentTx`], the one extractor and handle every driver shares.
+//! [`IdempotentTx`], the one extractor and handle every driver shares, and [`TxHandle`],
+//! what a driver's handle on the shared transaction gives it.
 
 use std::fmt;
 use std::ops::{Deref, DerefMut};
@@ -7,7 +8,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{OutboxStore, Store};
 use crate::engine::error::Error;
+use crate::engine::key::RecordId;
 use crate::engine::outbox::{Enqueued, OutboxMessage};
+use crate::engine::shared_tx::SharedTx;
+
+/// A driver's handle on the shared transaction: what [`IdempotentTx`] holds and derefs
+/// through. Written once for the three sqlx drivers (`store::sqlx_tx::SqlxTx`) and once by
+/// each other client library (`postgres::PgTx`).
+#[doc(hidden)]
+pub trait TxHandle: Sized + Send + Sync + 'static {
+    /// What the shared transaction holds: a pooled connection inside a transaction the
+    /// crate began.
+    type Conn: Send + Sync + 'static;
+    /// What [`IdempotentTx`] derefs to: the handle itself (tokio-postgres), or the
+    /// transaction's connection (sqlx).
+    type Target: ?Sized;
+
+    /// A new handle on a transaction that holds a connection; `None` if the driver hands
+    /// the connection out exclusively and another handle holds it.
+    fn on_shared(shared: &Arc<SharedTx<Self::Conn>>) -> Option<Self>;
+
+    /// The record id the handle's transaction claimed (for `derive_key`).
+    fn record_id(&self) -> RecordId;
+
+    fn target(&self) -> &Self::Target;
+
+    fn target_mut(&mut self) -> &mut Self::Target;
+}
 
 /// A handle on the transaction that also stores the idempotency record: the extractor that
 /// enables idempotency for a route, and what the [`Inbox`](crate::Inbox) hands a
@@ -102,7 +129,7 @@ impl<D: Store> IdempotentTx<D> {
     /// # Ok(()) }
     /// ```
     pub fn derive_key(&self, label: &str) -> String {
-        crate::engine::key::derive_key(D::handle_id(&self.handle), label)
+        crate::engine::key::derive_key(self.handle.record_id(), label)
     }
 }
 
@@ -147,14 +174,14 @@ impl<D: Store> Deref for IdempotentTx<D> {
 
     fn deref(&self) -> &D::Tx {
         self.began();
-        D::tx(&self.handle)
+        self.handle.target()
     }
 }
 
 impl<D: Store> DerefMut for IdempotentTx<D> {
     fn deref_mut(&mut self) -> &mut D::Tx {
         self.began();
-        D::tx_mut(&mut self.handle)
+        self.handle.target_mut()
     }
 }
 
@@ -162,7 +189,7 @@ impl<D: Store> fmt::Debug for IdempotentTx<D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotentTx")
             .field("driver", &D::DRIVER)
-            .field("record", &D::handle_id(&self.handle))
+            .field("record", &self.handle.record_id())
             .finish_non_exhaustive()
     }
 }

@@ -85,6 +85,12 @@ pub(in crate::mysql) const PURGE_OUTBOX: &str = "SELECT seq FROM idempotency_out
     ORDER BY seq LIMIT ? FOR UPDATE SKIP LOCKED";
 /// Deletes one outbox row [`PURGE_OUTBOX`] locked, followed by its key's equality.
 pub(in crate::mysql) const PURGE_OUTBOX_ONE: &str = "DELETE FROM idempotency_outbox WHERE ";
+/// Whether the migration table exists (1) or not (0), in the connection's database.
+pub(in crate::mysql) const SCHEMA_TABLE: &str = "SELECT COUNT(*) FROM information_schema.tables \
+    WHERE table_schema = DATABASE() AND table_name = 'axum_idempotency_migrations'";
+/// The highest applied version (0 for none).
+pub(in crate::mysql) const SCHEMA_VERSION: &str =
+    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM axum_idempotency_migrations";
 /// PROCESSING records past their lease and the seconds since the oldest lease ended.
 pub(in crate::mysql) const STALE_SUMMARY: &str = "SELECT CAST(COUNT(*) AS SIGNED), \
     CAST(TIMESTAMPDIFF(MICROSECOND, MIN(locked_until), UTC_TIMESTAMP(6)) / 1e6 AS DOUBLE) \
