@@ -16,7 +16,7 @@ use super::conn::{
 use super::sql;
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
+use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::store::InboxStore;
 
 impl InboxStore for MySqlStore {
@@ -52,16 +52,10 @@ impl InboxStore for MySqlStore {
             .fetch_optional(conn.connection_mut())
             .await?;
         conn.connection_mut().execute(sql::WORK_SAVEPOINT).await?;
-        let record = match found {
-            Some(row) => Some(InboxRecord {
-                succeeded: row.try_get(0)?,
-                attempts: row.try_get(1)?,
-                last_error: row.try_get(2)?,
-                live: row.try_get(3)?,
-                payload_digest: row.try_get(4)?,
-            }),
-            None => None,
-        };
+        let record = found
+            .as_ref()
+            .map(crate::store::rows::inbox_record)
+            .transpose()?;
         Ok(InboxClaim::Locked(conn, record))
     }
 

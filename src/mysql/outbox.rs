@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use ::sqlx::mysql::MySqlRow;
 use ::sqlx::{AssertSqlSafe, MySqlConnection, Row};
 
 use super::MySqlStore;
@@ -12,9 +11,7 @@ use super::MySqlTx;
 use super::conn::{DUPLICATE_KEY, MySqlConn, error_number, statement};
 use super::sql;
 use crate::engine::error::Error;
-use crate::engine::outbox::{
-    Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
-};
+use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement, barrier_params};
 use crate::store::OutboxStore;
 
 /// `?, ?, ...`: `n` placeholders, for a list (MySQL has no array parameters).
@@ -38,7 +35,10 @@ impl OutboxStore for MySqlStore {
             .bind(limit)
             .fetch_all(conn.connection_mut())
             .await?;
-        let rows = rows.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
+        let rows = rows
+            .iter()
+            .map(crate::store::rows::outgoing)
+            .collect::<Result<Vec<_>, _>>()?;
         if rows.is_empty() {
             conn.reset().await;
             return Ok(None);
@@ -164,17 +164,4 @@ pub(crate) async fn enqueue(
         }
     };
     Ok(Enqueued::from_insert(message, message_id))
-}
-
-fn outgoing(row: &MySqlRow) -> Result<Outgoing, ::sqlx::Error> {
-    Ok(Outgoing {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        content_type: row.try_get(4)?,
-        payload: row.try_get(5)?,
-        attempts: row.try_get(6)?,
-        age_seconds: row.try_get(7)?,
-    })
 }

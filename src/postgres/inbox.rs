@@ -10,7 +10,7 @@ use super::conn::{TxConn, begin_wait_and_look_up};
 use super::statement::{self, Db};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
+use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::store::{InboxStore, sql};
 
 impl InboxStore for PgStore {
@@ -37,16 +37,10 @@ impl InboxStore for PgStore {
         else {
             return Ok(InboxClaim::Busy);
         };
-        let record = match found {
-            Some(row) => Some(InboxRecord {
-                succeeded: row.try_get(0)?,
-                attempts: row.try_get(1)?,
-                last_error: row.try_get(2)?,
-                live: row.try_get(3)?,
-                payload_digest: row.try_get(4)?,
-            }),
-            None => None,
-        };
+        let record = found
+            .as_ref()
+            .map(crate::store::rows::inbox_record)
+            .transpose()?;
         Ok(InboxClaim::Locked(conn, record))
     }
 

@@ -4,17 +4,15 @@
 
 use std::collections::HashMap;
 
+use tokio_postgres::GenericClient;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{GenericClient, Row};
 
 use super::PgStore;
 use super::conn::TxConn;
 use super::statement::{self, Db, OUTBOX_ENQUEUE};
 use super::tx::PgTx;
 use crate::engine::error::Error;
-use crate::engine::outbox::{
-    Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
-};
+use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement, barrier_params};
 use crate::store::OutboxStore;
 
 /// Enqueues `message` in the transaction `client` is in: it is published after that
@@ -103,7 +101,10 @@ impl OutboxStore for PgStore {
             db.query(&lock, &limit_params),
         );
         begun?;
-        let rows = rows?.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
+        let rows = rows?
+            .iter()
+            .map(crate::store::rows::outgoing)
+            .collect::<Result<Vec<_>, _>>()?;
         if rows.is_empty() {
             conn.rollback().await;
             return Ok(None);
@@ -170,17 +171,4 @@ impl OutboxStore for PgStore {
         conn.mark_ended();
         Ok(parked)
     }
-}
-
-fn outgoing(row: &Row) -> Result<Outgoing, tokio_postgres::Error> {
-    Ok(Outgoing {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        content_type: row.try_get(4)?,
-        payload: row.try_get(5)?,
-        attempts: row.try_get(6)?,
-        age_seconds: row.try_get(7)?,
-    })
 }

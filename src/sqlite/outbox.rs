@@ -6,14 +6,14 @@
 
 use std::collections::HashMap;
 
-use ::sqlx::sqlite::{Sqlite, SqliteRow};
+use ::sqlx::sqlite::Sqlite;
 use ::sqlx::{Executor, Row};
 
 use super::SqliteTx;
 use super::conn::{SqliteConn, statement};
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
-use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement};
+use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement};
 use crate::store::{OutboxStore, Store};
 
 /// How long a relay's claim on its batch lasts: past it, another relay may take the
@@ -56,7 +56,7 @@ impl OutboxStore for SqliteStore {
             .await?;
         let mut rows = claimed
             .iter()
-            .map(outgoing)
+            .map(crate::store::rows::outgoing)
             .collect::<Result<Vec<_>, _>>()?;
         if rows.is_empty() {
             <SqliteStore as Store>::rollback(conn).await;
@@ -169,17 +169,4 @@ where
         .await?;
     let inserted = rows.first().map(|row| row.try_get(0)).transpose()?;
     Ok(Enqueued::from_insert(message, inserted))
-}
-
-fn outgoing(row: &SqliteRow) -> Result<Outgoing, ::sqlx::Error> {
-    Ok(Outgoing {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        content_type: row.try_get(4)?,
-        payload: row.try_get(5)?,
-        attempts: row.try_get(6)?,
-        age_seconds: row.try_get(7)?,
-    })
 }

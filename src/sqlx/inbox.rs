@@ -11,7 +11,7 @@ use super::SqlxStore;
 use super::conn::{SqlxConn, statement, timed_out, wait_lock};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{InboxClaim, InboxRecord, InboxWrite};
+use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::store::{InboxStore, sql};
 
 impl InboxStore for SqlxStore {
@@ -37,16 +37,10 @@ impl InboxStore for SqlxStore {
         let found = link.within(Duration::ZERO, lookup).await?;
         let savepoint = conn.connection_mut().execute(sql::INBOX_WORK_SAVEPOINT);
         link.within(Duration::ZERO, savepoint).await?;
-        let record = match found {
-            Some(row) => Some(InboxRecord {
-                succeeded: row.try_get(0)?,
-                attempts: row.try_get(1)?,
-                last_error: row.try_get(2)?,
-                live: row.try_get(3)?,
-                payload_digest: row.try_get(4)?,
-            }),
-            None => None,
-        };
+        let record = found
+            .as_ref()
+            .map(crate::store::rows::inbox_record)
+            .transpose()?;
         Ok(InboxClaim::Locked(conn, record))
     }
 

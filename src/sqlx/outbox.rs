@@ -5,16 +5,14 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use ::sqlx::postgres::{PgRow, Postgres};
+use ::sqlx::postgres::Postgres;
 use ::sqlx::{Executor, Row};
 
 use super::SqlxStore;
 use super::SqlxTx;
 use super::conn::{SqlxConn, statement};
 use crate::engine::error::Error;
-use crate::engine::outbox::{
-    Enqueued, OutboxBatch, OutboxMessage, Outgoing, Settlement, barrier_params,
-};
+use crate::engine::outbox::{Enqueued, OutboxBatch, OutboxMessage, Settlement, barrier_params};
 use crate::store::{OutboxStore, Store, sql};
 
 /// `BEGIN`, the locking `SELECT`, and the barriers of the batch's ordering keys only
@@ -33,7 +31,10 @@ impl OutboxStore for SqlxStore {
             .bind(limit)
             .fetch_all(conn.connection_mut());
         let rows = self.link.within(Duration::ZERO, locked).await?;
-        let rows = rows.iter().map(outgoing).collect::<Result<Vec<_>, _>>()?;
+        let rows = rows
+            .iter()
+            .map(crate::store::rows::outgoing)
+            .collect::<Result<Vec<_>, _>>()?;
         if rows.is_empty() {
             <SqlxStore as Store>::rollback(conn).await;
             return Ok(None);
@@ -107,17 +108,4 @@ where
         .await?;
     let inserted = row.map(|row| row.try_get(0)).transpose()?;
     Ok(Enqueued::from_insert(message, inserted))
-}
-
-fn outgoing(row: &PgRow) -> Result<Outgoing, ::sqlx::Error> {
-    Ok(Outgoing {
-        seq: row.try_get(0)?,
-        message_id: row.try_get(1)?,
-        topic: row.try_get(2)?,
-        ordering_key: row.try_get(3)?,
-        content_type: row.try_get(4)?,
-        payload: row.try_get(5)?,
-        attempts: row.try_get(6)?,
-        age_seconds: row.try_get(7)?,
-    })
 }

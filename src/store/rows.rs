@@ -4,8 +4,9 @@
 
 use crate::engine::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
 use crate::engine::key::{RecordId, hex};
+use crate::engine::outbox::Outgoing;
 use crate::engine::record::decode_headers;
-use crate::engine::record::{Backlog, RecordRow, StoredRow};
+use crate::engine::record::{Backlog, InboxRecord, RecordRow, StoredRow};
 use crate::engine::view::InboxFailures;
 use crate::engine::view::{ArchivedRecord, MessageInfo, OutboxInfo, RecordInfo, epoch};
 
@@ -54,6 +55,32 @@ pub(crate) fn backlog<R: Row>(row: &R) -> Result<Backlog, R::Error> {
     Ok(Backlog {
         count: row.i64(0)?,
         oldest_seconds: row.opt_f64(1)?,
+    })
+}
+
+/// The columns of `INBOX_LOOKUP`: succeeded, attempts, last error, live, payload digest.
+pub(crate) fn inbox_record<R: Row>(row: &R) -> Result<InboxRecord, R::Error> {
+    Ok(InboxRecord {
+        succeeded: row.boolean(0)?,
+        attempts: row.i32(1)?,
+        last_error: row.opt_text(2)?,
+        live: row.boolean(3)?,
+        payload_digest: row.opt_bytes(4)?,
+    })
+}
+
+/// The columns of `OUTBOX_LOCK_BATCH`: seq, message id, topic, ordering key, content type,
+/// payload, attempts, age in seconds.
+pub(crate) fn outgoing<R: Row>(row: &R) -> Result<Outgoing, R::Error> {
+    Ok(Outgoing {
+        seq: row.i64(0)?,
+        message_id: row.text(1)?,
+        topic: row.text(2)?,
+        ordering_key: row.opt_text(3)?,
+        content_type: row.opt_text(4)?,
+        payload: row.bytes(5)?,
+        attempts: row.i32(6)?,
+        age_seconds: row.f64(7)?,
     })
 }
 
