@@ -423,40 +423,11 @@ impl crate::store::sqlx_tx::SqlxSlot for MySqlConn {
     }
 }
 
-/// The seam's statements in this dialect, run on the pool.
-impl crate::store::queries::Queries for MySqlStore {
-    type Statement = str;
-    type Row = MySqlRow;
-
-    const STATEMENTS: crate::store::queries::Statements<str> =
-        crate::store::queries::statements!(sql::);
-
-    async fn query_rows<T: Send>(
-        &self,
-        statement: &'static str,
-        params: &[crate::store::queries::Param<'_>],
-        map: fn(&MySqlRow) -> Result<T, ::sqlx::Error>,
-    ) -> Result<Vec<T>, Error> {
-        self.rows(bind(self.query(statement), params), map).await
-    }
-
-    async fn query_affected(
-        &self,
-        statement: &'static str,
-        params: &[crate::store::queries::Param<'_>],
-    ) -> Result<u64, Error> {
-        // Its lock waits bounded, as every write of the console.
-        self.execute_bounded(bind(self.query(statement), params))
-            .await
-    }
-}
-
-/// `query` with the seam's `params` bound in order.
-fn bind(
-    query: Query<'static, MySql, MySqlArguments>,
-    params: &[crate::store::queries::Param<'_>],
-) -> Query<'static, MySql, MySqlArguments> {
-    crate::store::sqlx_tx::bind_params(query, params, |query, id| {
-        query.bind(id.as_bytes().to_vec())
-    })
-}
+// Every write of the console with its lock waits bounded.
+crate::store::sqlx_tx::impl_sqlx_queries!(
+    MySqlStore,
+    row: MySqlRow,
+    statements: [sql::],
+    affected: execute_bounded,
+    bind_id: |query, id| query.bind(id.as_bytes().to_vec()),
+);

@@ -155,6 +155,14 @@ impl SqliteStore {
         let rows = query.fetch_all(&self.pool).await?;
         Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
     }
+
+    /// Runs a write on the pool; the rows it changed.
+    pub(super) async fn affected(
+        &self,
+        query: Query<'static, Sqlite, SqliteArguments>,
+    ) -> Result<u64, Error> {
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
 }
 
 pub(super) fn statement(
@@ -180,39 +188,10 @@ impl crate::store::sqlx_tx::SqlxSlot for SqliteConn {
     }
 }
 
-/// The seam's statements in this dialect, run on the pool.
-impl crate::store::queries::Queries for SqliteStore {
-    type Statement = str;
-    type Row = SqliteRow;
-
-    const STATEMENTS: crate::store::queries::Statements<str> =
-        crate::store::queries::statements!(sql::);
-
-    async fn query_rows<T: Send>(
-        &self,
-        statement: &'static str,
-        params: &[crate::store::queries::Param<'_>],
-        map: fn(&SqliteRow) -> Result<T, ::sqlx::Error>,
-    ) -> Result<Vec<T>, Error> {
-        self.rows(bind(self.query(statement), params), map).await
-    }
-
-    async fn query_affected(
-        &self,
-        statement: &'static str,
-        params: &[crate::store::queries::Param<'_>],
-    ) -> Result<u64, Error> {
-        let query = bind(self.query(statement), params);
-        Ok(query.execute(&self.pool).await?.rows_affected())
-    }
-}
-
-/// `query` with the seam's `params` bound in order.
-fn bind(
-    query: Query<'static, Sqlite, SqliteArguments>,
-    params: &[crate::store::queries::Param<'_>],
-) -> Query<'static, Sqlite, SqliteArguments> {
-    crate::store::sqlx_tx::bind_params(query, params, |query, id| {
-        query.bind(id.as_bytes().to_vec())
-    })
-}
+crate::store::sqlx_tx::impl_sqlx_queries!(
+    SqliteStore,
+    row: SqliteRow,
+    statements: [sql::],
+    affected: affected,
+    bind_id: |query, id| query.bind(id.as_bytes().to_vec()),
+);

@@ -229,6 +229,14 @@ impl SqlxStore {
         let rows = query.fetch_all(&self.pool).await?;
         Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
     }
+
+    /// Runs a write on the pool; the rows it changed.
+    pub(super) async fn affected(
+        &self,
+        query: Query<'static, Postgres, PgArguments>,
+    ) -> Result<u64, Error> {
+        Ok(query.execute(&self.pool).await?.rows_affected())
+    }
 }
 
 pub(super) fn statement(
@@ -279,37 +287,10 @@ impl crate::store::sqlx_tx::SqlxSlot for SqlxConn {
     }
 }
 
-/// The seam's statements in this dialect, run on the pool.
-impl crate::store::queries::Queries for SqlxStore {
-    type Statement = str;
-    type Row = PgRow;
-
-    const STATEMENTS: crate::store::queries::Statements<str> =
-        crate::store::queries::statements!(crate::store::sql::);
-
-    async fn query_rows<T: Send>(
-        &self,
-        statement: &'static str,
-        params: &[crate::store::queries::Param<'_>],
-        map: fn(&PgRow) -> Result<T, ::sqlx::Error>,
-    ) -> Result<Vec<T>, Error> {
-        self.rows(bind(self.query(statement), params), map).await
-    }
-
-    async fn query_affected(
-        &self,
-        statement: &'static str,
-        params: &[crate::store::queries::Param<'_>],
-    ) -> Result<u64, Error> {
-        let query = bind(self.query(statement), params);
-        Ok(query.execute(&self.pool).await?.rows_affected())
-    }
-}
-
-/// `query` with the seam's `params` bound in order.
-fn bind(
-    query: Query<'static, Postgres, PgArguments>,
-    params: &[crate::store::queries::Param<'_>],
-) -> Query<'static, Postgres, PgArguments> {
-    crate::store::sqlx_tx::bind_params(query, params, |query, id| query.bind(id))
-}
+crate::store::sqlx_tx::impl_sqlx_queries!(
+    SqlxStore,
+    row: PgRow,
+    statements: [crate::store::sql::],
+    affected: affected,
+    bind_id: |query, id| query.bind(id),
+);

@@ -1,6 +1,7 @@
 //! What the three sqlx drivers (PostgreSQL, MySQL/MariaDB, SQLite) share, written once:
 //! [`SqlxTx`], the handle on the shared transaction over the driver's connection slot, and
-//! [`bind_params`], the query seam's parameters bound to a sqlx query.
+//! [`bind_params`], the query seam's parameters bound to a sqlx query, and
+//! `impl_sqlx_queries!`, the query seam on a sqlx store.
 
 use std::fmt;
 use std::sync::Arc;
@@ -118,3 +119,54 @@ where
     }
     query
 }
+
+/// Implements the query seam ([`Queries`](crate::store::queries::Queries)) for a sqlx
+/// store with inherent `query(sql)` (a query on its pool), `rows(query, map)` and the given
+/// `affected` method (the rows a write changed): its statements from the dialect's
+/// constants at `statements`, a record id bound by `bind_id`.
+macro_rules! impl_sqlx_queries {
+    (
+        $store:ty,
+        row: $row:ty,
+        statements: [$($statements:tt)*],
+        affected: $affected:ident,
+        bind_id: |$query:ident, $id:ident| $bind_id:expr $(,)?
+    ) => {
+        /// The seam's statements in this dialect, run on the pool.
+        impl $crate::store::queries::Queries for $store {
+            type Statement = str;
+            type Row = $row;
+
+            const STATEMENTS: $crate::store::queries::Statements<str> =
+                $crate::store::queries::statements!($($statements)*);
+
+            async fn query_rows<T: Send>(
+                &self,
+                statement: &'static str,
+                params: &[$crate::store::queries::Param<'_>],
+                map: fn(&$row) -> Result<T, ::sqlx::Error>,
+            ) -> Result<Vec<T>, $crate::engine::error::Error> {
+                let query = $crate::store::sqlx_tx::bind_params(
+                    self.query(statement),
+                    params,
+                    |$query, $id| $bind_id,
+                );
+                self.rows(query, map).await
+            }
+
+            async fn query_affected(
+                &self,
+                statement: &'static str,
+                params: &[$crate::store::queries::Param<'_>],
+            ) -> Result<u64, $crate::engine::error::Error> {
+                let query = $crate::store::sqlx_tx::bind_params(
+                    self.query(statement),
+                    params,
+                    |$query, $id| $bind_id,
+                );
+                self.$affected(query).await
+            }
+        }
+    };
+}
+pub(crate) use impl_sqlx_queries;
