@@ -18,7 +18,7 @@ use crate::engine::telemetry::{self, RequestOutcome};
 use crate::http::config::StoreDecision;
 use crate::http::rejection::{Rejection, RejectionKind};
 use crate::http::state::RequestState;
-use crate::store::LeaseStore;
+use crate::store::{ConnOf, LeaseStore};
 
 impl<D: LeaseStore> RequestState<D> {
     /// The layer's work after the handler returned a response.
@@ -165,7 +165,7 @@ impl<D: LeaseStore> RequestState<D> {
     /// commit when the store policy would commit them, and nothing is recorded.
     async fn finish_unkeyed<B>(
         &self,
-        mut conn: D::Conn,
+        mut conn: ConnOf<D>,
         decision: StoreDecision,
         response: Response<B>,
     ) -> Response

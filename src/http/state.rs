@@ -16,7 +16,7 @@ use crate::engine::record::NewRecord;
 use crate::engine::shared_tx::SharedTx;
 use crate::http::config::Config;
 use crate::http::rejection::{Rejection, RejectionKind};
-use crate::store::{LeaseStore, Store};
+use crate::store::{ConnOf, LeaseStore, Store};
 
 /// An id of its own for a request without a key (for its log lines and derived keys):
 /// unique in the process and across restarts.
@@ -39,7 +39,7 @@ pub(crate) struct RequestState<D: Store> {
     pub(crate) key: Option<IdempotencyKey>,
     pub(crate) fingerprint: Fingerprint,
     /// Atomic mode: the shared transaction.
-    pub(crate) tx: Arc<SharedTx<D::Conn>>,
+    pub(crate) tx: Arc<SharedTx<ConnOf<D>>>,
     /// Atomic mode, set by the claim: a record for this id must be deleted before the insert.
     pub(crate) replaces: AtomicBool,
     /// Lease mode: the fencing token of the lease this request holds.

@@ -27,7 +27,7 @@ mod outcome;
 pub mod rabbit;
 
 pub use self::outcome::{InboxError, Outcome};
-use crate::store::{IdempotentTx, InboxStore, IntoStore, Store, TxHandle};
+use crate::store::{ConnOf, IdempotentTx, InboxStore, IntoStore, Store, TxHandle};
 
 /// An idempotent consumer for one consumer group.
 ///
@@ -440,7 +440,7 @@ impl<D: InboxStore> Inbox<D> {
     /// if that fails, rolls back and records in a transaction of its own.
     async fn fail_under_lock(
         &self,
-        conn: D::Conn,
+        conn: ConnOf<D>,
         write: &InboxWrite<'_>,
         error: &str,
         prior: i32,

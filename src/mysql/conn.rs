@@ -427,7 +427,11 @@ impl crate::store::sqlx_tx::SqlxSlot for MySqlConn {
 crate::store::sqlx_tx::impl_sqlx_queries!(
     MySqlStore,
     row: MySqlRow,
-    statements: [sql::],
+    statements: [crate::store::queries::Statements {
+        // Their placeholders take the values to set first, the row's key last.
+        lease_complete: &crate::store::queries::Text::ordered(sql::LEASE_COMPLETE, &[2, 3, 4, 5, 6, 7, 8, 0, 1]),
+        inbox_record_failure: &crate::store::queries::Text::ordered(sql::INBOX_RECORD_FAILURE, &[2, 3, 4, 5, 6, 0, 1]),
+        ..crate::store::queries::statements!(text sql::)
+    }],
     affected: execute_bounded,
-    bind_id: |query, id| query.bind(id.as_bytes().to_vec()),
 );

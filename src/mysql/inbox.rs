@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use ::sqlx::mysql::{MySql, MySqlArguments};
-use ::sqlx::query::Query;
 use ::sqlx::{Executor, Row};
 
 use super::MySqlStore;
@@ -18,6 +16,8 @@ use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::store::InboxStore;
+use crate::store::queries::Queries;
+use crate::store::queries::inbox_failure_params;
 
 impl InboxStore for MySqlStore {
     /// `BEGIN` (READ COMMITTED, `autocommit = 0`, lock waits bounded by `wait` in whole
@@ -52,11 +52,7 @@ impl InboxStore for MySqlStore {
             .fetch_optional(conn.connection_mut())
             .await?;
         conn.connection_mut().execute(sql::WORK_SAVEPOINT).await?;
-        let record = found
-            .as_ref()
-            .map(crate::store::rows::inbox_record)
-            .transpose()?;
-        Ok(InboxClaim::Locked(conn, record))
+        Ok(crate::store::rows::inbox_locked(conn, found.as_ref())?)
     }
 
     /// The savepoint check, the record's `UPDATE` on the locked row, and `COMMIT`.
@@ -145,7 +141,9 @@ async fn record_failure(
     error: &str,
     persistent: bool,
 ) -> Result<Option<i32>, Error> {
-    let done = failure(write, error, persistent)
+    let params = inbox_failure_params(write, error);
+    let failure = <MySqlStore as Queries>::STATEMENTS.inbox_record_failure;
+    let done = crate::store::sqlx_tx::bound(failure, &params, persistent)
         .execute(conn.connection_mut())
         .await?;
     if done.rows_affected() == 0 {
@@ -157,20 +155,4 @@ async fn record_failure(
         .fetch_one(conn.connection_mut())
         .await?;
     Ok(Some(row.try_get(0)?))
-}
-
-/// `sql::INBOX_RECORD_FAILURE` with its parameters bound.
-fn failure<'a>(
-    write: &'a InboxWrite<'_>,
-    error: &'a str,
-    persistent: bool,
-) -> Query<'static, MySql, MySqlArguments> {
-    statement(sql::INBOX_RECORD_FAILURE, persistent)
-        .bind(write.payload_digest)
-        .bind(write.payload)
-        .bind(write.payload_key_id)
-        .bind(error)
-        .bind(micros(write.retention))
-        .bind(write.group)
-        .bind(write.message_id)
 }

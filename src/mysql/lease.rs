@@ -8,10 +8,12 @@ use std::time::Duration;
 use ::sqlx::Row;
 
 use super::MySqlStore;
+use super::batch;
 use super::conn::{COLUMN_CANNOT_BE_NULL, DUPLICATE_KEY, error_number, lock_refused};
-use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::record::{LeaseClaim, LeaseEnd, NewRecord};
+use crate::store::queries::Queries;
+use crate::store::queries::lease_complete_params;
 use crate::store::{LeaseStore, rows};
 
 impl LeaseStore for MySqlStore {
@@ -95,9 +97,10 @@ impl LeaseStore for MySqlStore {
         let server = self.server_known().await?;
         let lean = server.mariadb && !server.galera;
         let Some(query) = batch::lease_complete(record, token, end, server) else {
-            let values = batch::lease_complete_values(record, token, end);
-            let query = batch::bind(self.query(sql::LEASE_COMPLETE), &values);
-            return Ok(self.execute_bounded(query).await? == 1);
+            let params = lease_complete_params(record, token, end);
+            return self
+                .query_changed(Self::STATEMENTS.lease_complete, &params)
+                .await;
         };
         let (mut conn, answered) = self.run(query).await?;
         match answered.error {

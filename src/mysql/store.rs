@@ -83,7 +83,6 @@ async fn verify_record(conn: &mut MySqlConn, record: &NewRecord<'_>) -> Result<(
 }
 
 impl Store for MySqlStore {
-    type Conn = MySqlConn;
     type Handle = MySqlTx;
     type Tx = MySqlConnection;
 

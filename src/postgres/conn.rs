@@ -6,8 +6,9 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{IsNull, ToSql, Type};
 use tokio_postgres::{Client, Row};
 
 use super::PgStore;
@@ -365,7 +366,7 @@ impl crate::store::queries::Queries for PgStore {
         params: &[crate::store::queries::Param<'_>],
         map: fn(&Row) -> Result<T, tokio_postgres::Error>,
     ) -> Result<Vec<T>, Error> {
-        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(to_sql).collect();
+        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
         self.rows(statement, &params, map).await
     }
 
@@ -374,18 +375,50 @@ impl crate::store::queries::Queries for PgStore {
         statement: &'static Sql,
         params: &[crate::store::queries::Param<'_>],
     ) -> Result<u64, Error> {
-        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(to_sql).collect();
+        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
         self.execute(statement, &params).await
     }
 }
 
-/// A seam parameter as tokio-postgres binds it.
-fn to_sql<'a>(param: &'a crate::store::queries::Param<'_>) -> &'a (dyn ToSql + Sync) {
-    use crate::store::queries::Param;
-    match param {
-        Param::Id(id) => id,
-        Param::Text(text) => text,
-        Param::I32(value) => value,
-        Param::I64(value) => value,
+/// A seam parameter as tokio-postgres binds it: as the value it carries (type-checked
+/// against the statement's parameter), a duration as seconds in a `float8`.
+impl ToSql for crate::store::queries::Param<'_> {
+    fn to_sql_checked(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        use crate::store::queries::Param;
+        let seconds;
+        let value: &(dyn ToSql + Sync) = match self {
+            Param::Id(id) => id,
+            Param::Text(text) => text,
+            Param::OptText(text) => text,
+            Param::Bool(value) => value,
+            Param::I16(value) => value,
+            Param::OptI16(value) => value,
+            Param::I32(value) => value,
+            Param::I64(value) => value,
+            Param::Bytes(bytes) => bytes,
+            Param::OptBytes(bytes) => bytes,
+            Param::Duration(duration) => {
+                seconds = duration.as_secs_f64();
+                &seconds
+            }
+        };
+        value.to_sql_checked(ty, out)
+    }
+
+    fn to_sql(
+        &self,
+        ty: &Type,
+        out: &mut BytesMut,
+    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
+        self.to_sql_checked(ty, out)
+    }
+
+    /// Each variant checks its own type, in `to_sql_checked`.
+    fn accepts(_: &Type) -> bool {
+        true
     }
 }

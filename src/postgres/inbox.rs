@@ -11,6 +11,7 @@ use super::statement::{self, Db};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxWrite};
+use crate::store::queries::inbox_failure_params;
 use crate::store::{InboxStore, sql};
 
 impl InboxStore for PgStore {
@@ -37,11 +38,7 @@ impl InboxStore for PgStore {
         else {
             return Ok(InboxClaim::Busy);
         };
-        let record = found
-            .as_ref()
-            .map(crate::store::rows::inbox_record)
-            .transpose()?;
-        Ok(InboxClaim::Locked(conn, record))
+        Ok(crate::store::rows::inbox_locked(conn, found.as_ref())?)
     }
 
     /// Pipelined in one round trip.
@@ -83,8 +80,8 @@ impl InboxStore for PgStore {
         let db = Db::new(conn.pooled(), conn.prepared());
         db.client().batch_execute(sql::INBOX_ROLLBACK_WORK).await?;
         let statement = db.prepare(&statement::INBOX_RECORD_FAILURE).await?;
-        let retention = write.retention.as_secs_f64();
-        let params = failure_params(write, &error, &retention);
+        let params = inbox_failure_params(write, error);
+        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
         let (row, committed) = tokio::join!(
             biased;
             db.query_opt(&statement, &params),
@@ -95,35 +92,4 @@ impl InboxStore for PgStore {
         conn.mark_ended();
         Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
-
-    async fn inbox_record_failure(
-        &self,
-        write: &InboxWrite<'_>,
-        error: &str,
-    ) -> Result<Option<i32>, Error> {
-        let conn = self.checkout().await?;
-        let db = self.db(&*conn);
-        let statement = db.prepare(&statement::INBOX_RECORD_FAILURE).await?;
-        let retention = write.retention.as_secs_f64();
-        let params = failure_params(write, &error, &retention);
-        let row = db.query_opt(&statement, &params).await?;
-        Ok(row.map(|row| row.try_get(0)).transpose()?)
-    }
-}
-
-/// The parameters of `sql::INBOX_RECORD_FAILURE`.
-fn failure_params<'a>(
-    write: &'a InboxWrite<'_>,
-    error: &'a &str,
-    retention: &'a f64,
-) -> [&'a (dyn ToSql + Sync); 7] {
-    [
-        &write.group,
-        &write.message_id,
-        &write.payload_digest,
-        &write.payload,
-        &write.payload_key_id,
-        error,
-        retention,
-    ]
 }

@@ -8,7 +8,7 @@ use tokio_postgres::types::ToSql;
 use super::PgStore;
 use super::statement;
 use crate::engine::error::Error;
-use crate::engine::record::{LeaseClaim, LeaseEnd, NewRecord};
+use crate::engine::record::{LeaseClaim, NewRecord};
 use crate::store::{LeaseStore, rows};
 
 impl LeaseStore for PgStore {
@@ -44,32 +44,5 @@ impl LeaseStore for PgStore {
         let found = db.query_opt(&lookup, &[&record.id]).await?;
         let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
         Ok(LeaseClaim::not_acquired(found, record.fingerprint))
-    }
-
-    async fn lease_complete(
-        &self,
-        record: &NewRecord<'_>,
-        token: i64,
-        end: LeaseEnd,
-    ) -> Result<bool, Error> {
-        let conn = self.checkout().await?;
-        let db = self.db(&*conn);
-        let complete = db.prepare(&statement::LEASE_COMPLETE).await?;
-        let (state, retryable) = (end.state(), end.retryable());
-        let status = record.status.as_u16() as i16;
-        let ttl = record.ttl.as_secs_f64();
-        let body = &*record.body.bytes;
-        let params: [&(dyn ToSql + Sync); 9] = [
-            &record.id,
-            &token,
-            &state,
-            &retryable,
-            &status,
-            &record.headers,
-            &body,
-            &record.body.key_id,
-            &ttl,
-        ];
-        Ok(db.execute(&complete, &params).await? == 1)
     }
 }

@@ -37,7 +37,6 @@ impl tokio_postgres::types::ToSql for RecordId {
 }
 
 impl Store for PgStore {
-    type Conn = TxConn;
     type Handle = PgTx;
     type Tx = PgTx;
 

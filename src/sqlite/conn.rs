@@ -191,7 +191,6 @@ impl crate::store::sqlx_tx::SqlxSlot for SqliteConn {
 crate::store::sqlx_tx::impl_sqlx_queries!(
     SqliteStore,
     row: SqliteRow,
-    statements: [sql::],
+    statements: [crate::store::queries::statements!(text sql::)],
     affected: affected,
-    bind_id: |query, id| query.bind(id.as_bytes().to_vec()),
 );

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use ::sqlx::query::Query;
-use ::sqlx::sqlite::{Sqlite, SqliteArguments};
 use ::sqlx::{Executor, Row};
 
 use super::conn::{SqliteConn, statement};
@@ -13,6 +11,8 @@ use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::store::InboxStore;
+use crate::store::queries::Queries;
+use crate::store::queries::inbox_failure_params;
 
 impl InboxStore for SqliteStore {
     /// `BEGIN IMMEDIATE` (waiting at most `wait`, or the busy timeout if it comes first:
@@ -37,11 +37,7 @@ impl InboxStore for SqliteStore {
         conn.connection_mut()
             .execute(sql::INBOX_WORK_SAVEPOINT)
             .await?;
-        let record = found
-            .as_ref()
-            .map(crate::store::rows::inbox_record)
-            .transpose()?;
-        Ok(InboxClaim::Locked(conn, record))
+        Ok(crate::store::rows::inbox_locked(conn, found.as_ref())?)
     }
 
     async fn inbox_commit(
@@ -71,38 +67,12 @@ impl InboxStore for SqliteStore {
         conn.connection_mut()
             .execute(sql::INBOX_ROLLBACK_WORK)
             .await?;
-        let rows = failure(write, error, conn.persistent())
+        let params = inbox_failure_params(write, error);
+        let statement = Self::STATEMENTS.inbox_record_failure;
+        let rows = crate::store::sqlx_tx::bound(statement, &params, conn.persistent())
             .fetch_all(conn.connection_mut())
             .await?;
         conn.commit().await?;
         Ok(rows.first().map(|row| row.try_get(0)).transpose()?)
     }
-
-    /// One autocommit upsert (a single statement takes the write lock itself).
-    async fn inbox_record_failure(
-        &self,
-        write: &InboxWrite<'_>,
-        error: &str,
-    ) -> Result<Option<i32>, Error> {
-        let rows = failure(write, error, self.persistent)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows.first().map(|row| row.try_get(0)).transpose()?)
-    }
-}
-
-/// `sql::INBOX_RECORD_FAILURE` with its parameters bound.
-fn failure(
-    write: &InboxWrite<'_>,
-    error: &str,
-    persistent: bool,
-) -> Query<'static, Sqlite, SqliteArguments> {
-    statement(sql::INBOX_RECORD_FAILURE, persistent)
-        .bind(write.group)
-        .bind(write.message_id)
-        .bind(write.payload_digest)
-        .bind(write.payload)
-        .bind(write.payload_key_id)
-        .bind(error.to_owned())
-        .bind(write.retention.as_secs_f64())
 }

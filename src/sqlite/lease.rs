@@ -9,7 +9,7 @@ use ::sqlx::Row;
 use super::store::record_row;
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
-use crate::engine::record::{Claim, Existing, LeaseClaim, LeaseEnd, NewRecord};
+use crate::engine::record::{Claim, Existing, LeaseClaim, NewRecord};
 use crate::store::{LeaseStore, Store};
 
 impl LeaseStore for SqliteStore {
@@ -70,27 +70,5 @@ impl LeaseStore for SqliteStore {
         let token = row.try_get(0)?;
         conn.commit().await?;
         Ok(LeaseClaim::Acquired { token, took_over })
-    }
-
-    async fn lease_complete(
-        &self,
-        record: &NewRecord<'_>,
-        token: i64,
-        end: LeaseEnd,
-    ) -> Result<bool, Error> {
-        let done = self
-            .query(sql::LEASE_COMPLETE)
-            .bind(&record.id.as_bytes()[..])
-            .bind(token)
-            .bind(end.state())
-            .bind(end.retryable())
-            .bind(i16::try_from(record.status.as_u16()).unwrap_or(i16::MAX))
-            .bind(&record.headers[..])
-            .bind(&*record.body.bytes)
-            .bind(record.body.key_id)
-            .bind(record.ttl.as_secs_f64())
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
     }
 }

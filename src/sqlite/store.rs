@@ -25,7 +25,6 @@ pub(super) fn record_row(row: &SqliteRow) -> Result<RecordRow, ::sqlx::Error> {
 }
 
 impl Store for SqliteStore {
-    type Conn = SqliteConn;
     type Handle = SqliteTx;
     type Tx = SqliteConnection;
 

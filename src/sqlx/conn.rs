@@ -226,16 +226,21 @@ impl SqlxStore {
         query: Query<'static, Postgres, PgArguments>,
         map: fn(&PgRow) -> Result<T, ::sqlx::Error>,
     ) -> Result<Vec<T>, Error> {
-        let rows = query.fetch_all(&self.pool).await?;
+        let rows = self
+            .on_own_connection(|conn| Box::pin(query.fetch_all(conn)))
+            .await?;
         Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
     }
 
-    /// Runs a write on the pool; the rows it changed.
+    /// Runs a write on a connection of its own; the rows it changed.
     pub(super) async fn affected(
         &self,
         query: Query<'static, Postgres, PgArguments>,
     ) -> Result<u64, Error> {
-        Ok(query.execute(&self.pool).await?.rows_affected())
+        let done = self
+            .on_own_connection(|conn| Box::pin(query.execute(conn)))
+            .await?;
+        Ok(done.rows_affected())
     }
 }
 
@@ -290,7 +295,6 @@ impl crate::store::sqlx_tx::SqlxSlot for SqlxConn {
 crate::store::sqlx_tx::impl_sqlx_queries!(
     SqlxStore,
     row: PgRow,
-    statements: [crate::store::sql::],
+    statements: [crate::store::queries::statements!(text crate::store::sql::)],
     affected: affected,
-    bind_id: |query, id| query.bind(id),
 );

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use ::sqlx::postgres::{PgArguments, Postgres};
-use ::sqlx::query::Query;
 use ::sqlx::{Executor, Row};
 
 use super::SqlxStore;
@@ -12,6 +10,8 @@ use super::conn::{SqlxConn, statement, timed_out, wait_lock};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxWrite};
+use crate::store::queries::Queries;
+use crate::store::queries::inbox_failure_params;
 use crate::store::{InboxStore, sql};
 
 impl InboxStore for SqlxStore {
@@ -37,11 +37,7 @@ impl InboxStore for SqlxStore {
         let found = link.within(Duration::ZERO, lookup).await?;
         let savepoint = conn.connection_mut().execute(sql::INBOX_WORK_SAVEPOINT);
         link.within(Duration::ZERO, savepoint).await?;
-        let record = found
-            .as_ref()
-            .map(crate::store::rows::inbox_record)
-            .transpose()?;
-        Ok(InboxClaim::Locked(conn, record))
+        Ok(crate::store::rows::inbox_locked(conn, found.as_ref())?)
     }
 
     async fn inbox_commit(
@@ -72,38 +68,12 @@ impl InboxStore for SqlxStore {
         let link = conn.link.clone();
         let undo = conn.connection_mut().execute(sql::INBOX_ROLLBACK_WORK);
         link.within(Duration::ZERO, undo).await?;
-        let persistent = conn.persistent();
-        let recorded = failure(write, error, persistent).fetch_optional(conn.connection_mut());
+        let params = inbox_failure_params(write, error);
+        let statement = Self::STATEMENTS.inbox_record_failure;
+        let recorded = crate::store::sqlx_tx::bound(statement, &params, conn.persistent());
+        let recorded = recorded.fetch_optional(conn.connection_mut());
         let row = link.within(Duration::ZERO, recorded).await?;
         conn.commit().await?;
         Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
-
-    async fn inbox_record_failure(
-        &self,
-        write: &InboxWrite<'_>,
-        error: &str,
-    ) -> Result<Option<i32>, Error> {
-        let query = failure(write, error, self.persistent);
-        let row = self
-            .on_own_connection(|conn| Box::pin(query.fetch_optional(conn)))
-            .await?;
-        Ok(row.map(|row| row.try_get(0)).transpose()?)
-    }
-}
-
-/// `sql::INBOX_RECORD_FAILURE` with its parameters bound.
-fn failure(
-    write: &InboxWrite<'_>,
-    error: &str,
-    persistent: bool,
-) -> Query<'static, Postgres, PgArguments> {
-    statement(sql::INBOX_RECORD_FAILURE, persistent)
-        .bind(write.group)
-        .bind(write.message_id)
-        .bind(write.payload_digest)
-        .bind(write.payload)
-        .bind(write.payload_key_id)
-        .bind(error)
-        .bind(write.retention.as_secs_f64())
 }

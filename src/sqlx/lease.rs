@@ -7,7 +7,7 @@ use ::sqlx::Row;
 
 use super::SqlxStore;
 use crate::engine::error::Error;
-use crate::engine::record::{LeaseClaim, LeaseEnd, NewRecord};
+use crate::engine::record::{LeaseClaim, NewRecord};
 use crate::store::{LeaseStore, Store, sql};
 
 impl LeaseStore for SqlxStore {
@@ -36,28 +36,5 @@ impl LeaseStore for SqlxStore {
         }
         let found = self.lookup(record.id).await?;
         Ok(LeaseClaim::not_acquired(found, record.fingerprint))
-    }
-
-    async fn lease_complete(
-        &self,
-        record: &NewRecord<'_>,
-        token: i64,
-        end: LeaseEnd,
-    ) -> Result<bool, Error> {
-        let query = self
-            .query(sql::LEASE_COMPLETE)
-            .bind(record.id)
-            .bind(token)
-            .bind(end.state())
-            .bind(end.retryable())
-            .bind(record.status.as_u16() as i16)
-            .bind(&record.headers[..])
-            .bind(&*record.body.bytes)
-            .bind(record.body.key_id)
-            .bind(record.ttl.as_secs_f64());
-        let done = self
-            .on_own_connection(|conn| Box::pin(query.execute(conn)))
-            .await?;
-        Ok(done.rows_affected() == 1)
     }
 }

@@ -41,7 +41,6 @@ impl ::sqlx::Encode<'_, Postgres> for RecordId {
 }
 
 impl Store for SqlxStore {
-    type Conn = SqlxConn;
     type Handle = SqlxTx;
     type Tx = PgConnection;
 

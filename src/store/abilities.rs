@@ -5,9 +5,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::Store;
-use super::queries::Param;
+use super::queries::{Param, inbox_failure_params, lease_complete_params};
 use super::rows;
+use super::{ConnOf, Store};
 use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
@@ -30,14 +30,21 @@ pub trait LeaseStore: Store {
         lease: Duration,
     ) -> impl Future<Output = Result<LeaseClaim, Error>> + Send;
 
-    /// Lease mode: the holder's fenced completion; `false` if the lease was taken over.
+    /// Lease mode: the holder's fenced completion, one autocommit statement; `false` if
+    /// the lease was taken over.
     #[doc(hidden)]
     fn lease_complete(
         &self,
         record: &NewRecord<'_>,
         token: i64,
         end: LeaseEnd,
-    ) -> impl Future<Output = Result<bool, Error>> + Send;
+    ) -> impl Future<Output = Result<bool, Error>> + Send {
+        async move {
+            let params = lease_complete_params(record, token, end);
+            self.query_changed(Self::STATEMENTS.lease_complete, &params)
+                .await
+        }
+    }
 }
 
 /// The [`Inbox`](crate::Inbox): a message's record in the consumer's transaction, its
@@ -52,12 +59,12 @@ pub trait InboxStore: Store {
         group: &str,
         message_id: &str,
         wait: Duration,
-    ) -> impl Future<Output = Result<InboxClaim<Self::Conn>, Error>> + Send;
+    ) -> impl Future<Output = Result<InboxClaim<ConnOf<Self>>, Error>> + Send;
 
     /// Records success and commits with the consumer's work.
     #[doc(hidden)]
     fn inbox_commit(
-        conn: &mut Self::Conn,
+        conn: &mut ConnOf<Self>,
         write: &InboxWrite<'_>,
         attempts: i32,
     ) -> impl Future<Output = Result<(), Error>> + Send;
@@ -67,19 +74,26 @@ pub trait InboxStore: Store {
     /// succeeded (it cannot, under the lock).
     #[doc(hidden)]
     fn inbox_fail(
-        conn: Self::Conn,
+        conn: ConnOf<Self>,
         write: &InboxWrite<'_>,
         error: &str,
     ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
 
     /// Records a failed attempt in a transaction of its own (when the work kept its
-    /// transaction); `None` if the message has meanwhile succeeded.
+    /// transaction): one autocommit statement; `None` if the message has meanwhile
+    /// succeeded.
     #[doc(hidden)]
     fn inbox_record_failure(
         &self,
         write: &InboxWrite<'_>,
         error: &str,
-    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send {
+        async move {
+            let params = inbox_failure_params(write, error);
+            let statement = Self::STATEMENTS.inbox_record_failure;
+            self.query_opt(statement, &params, rows::first_i32).await
+        }
+    }
 
     #[doc(hidden)]
     fn message_info<'a>(
@@ -176,13 +190,13 @@ pub trait OutboxStore: Store {
     fn outbox_lock_batch(
         &self,
         limit: i64,
-    ) -> impl Future<Output = Result<Option<OutboxBatch<Self::Conn>>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<OutboxBatch<ConnOf<Self>>>, Error>> + Send;
 
     /// Marks a locked batch's confirmed messages SENT and its refused ones retried or
     /// parked, and commits; the number parked.
     #[doc(hidden)]
     fn outbox_settle(
-        conn: Self::Conn,
+        conn: ConnOf<Self>,
         settlement: &Settlement<'_>,
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 

@@ -49,12 +49,9 @@ use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord,
 /// Sealed: its operations are the crate's business, and a new driver is added in the
 /// crate. Components take anything that [`IntoStore`], so users pass their pool.
 pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
-    /// A pooled connection inside a transaction the crate began.
-    #[doc(hidden)]
-    type Conn: Send + Sync + 'static;
     /// What a handler or inbox work holds to run statements in the shared transaction.
     #[doc(hidden)]
-    type Handle: TxHandle<Conn = Self::Conn, Target = Self::Tx>;
+    type Handle: TxHandle<Target = Self::Tx>;
     /// What [`IdempotentTx`] derefs to.
     type Tx: ?Sized;
 
@@ -94,13 +91,13 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
         id: RecordId,
         fingerprint: Fingerprint,
         wait: Option<Duration>,
-    ) -> impl Future<Output = Result<(Claim, Self::Conn), Error>> + Send;
+    ) -> impl Future<Output = Result<(Claim, ConnOf<Self>), Error>> + Send;
 
     /// Inserts the record and commits, the handler's writes with it (or, for a stored 4xx,
     /// without them). On success or conflict the transaction has ended.
     #[doc(hidden)]
     fn commit(
-        conn: &mut Self::Conn,
+        conn: &mut ConnOf<Self>,
         record: &NewRecord<'_>,
         completion: Completion,
     ) -> impl Future<Output = Result<(), CommitError>> + Send;
@@ -108,22 +105,22 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
     /// What the key's lock found when the driver deferred it to the handler's first
     /// statement.
     #[doc(hidden)]
-    fn deferred(_conn: &Self::Conn) -> Deferred {
+    fn deferred(_conn: &ConnOf<Self>) -> Deferred {
         Deferred::Granted
     }
 
     /// Begins a plain transaction: no key, no lock, no record (a route whose layer does not
     /// require a key, and a request that sent none).
     #[doc(hidden)]
-    fn begin(&self) -> impl Future<Output = Result<Self::Conn, Error>> + Send;
+    fn begin(&self) -> impl Future<Output = Result<ConnOf<Self>, Error>> + Send;
 
     /// Commits a plain transaction.
     #[doc(hidden)]
-    fn commit_plain(conn: &mut Self::Conn) -> impl Future<Output = Result<(), Error>> + Send;
+    fn commit_plain(conn: &mut ConnOf<Self>) -> impl Future<Output = Result<(), Error>> + Send;
 
     /// Rolls back and waits until the connection is clean (or discarded).
     #[doc(hidden)]
-    fn rollback(conn: Self::Conn) -> impl Future<Output = ()> + Send;
+    fn rollback(conn: ConnOf<Self>) -> impl Future<Output = ()> + Send;
 
     /// The record of `id` outside any transaction (after the primary key caught a race).
     #[doc(hidden)]
@@ -141,6 +138,10 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
         std::future::pending()
     }
 }
+
+/// A store's pooled connection inside a transaction the crate began: what its handle's
+/// shared transaction holds.
+pub(crate) type ConnOf<S> = <<S as Store>::Handle as TxHandle>::Conn;
 
 /// What the crate's components accept where they need the database: a pool of one of the
 /// supported drivers, or a [`Store`] already built from one.

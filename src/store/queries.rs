@@ -8,6 +8,7 @@ use std::future::Future;
 
 use super::rows::Row;
 use crate::engine::error::Error;
+use crate::engine::record::{InboxWrite, LeaseEnd, NewRecord};
 
 /// A row decoder of [`rows`](super::rows), for one driver's row type.
 pub(crate) type Decoder<R, T> = fn(&R) -> Result<T, <R as Row>::Error>;
@@ -19,8 +20,54 @@ pub enum Param<'a> {
     /// A record id: PostgreSQL's `uuid`, 16 bytes elsewhere.
     Id(crate::engine::key::RecordId),
     Text(&'a str),
+    OptText(Option<&'a str>),
+    Bool(bool),
+    I16(i16),
+    OptI16(Option<i16>),
     I32(i32),
     I64(i64),
+    Bytes(&'a [u8]),
+    OptBytes(Option<&'a [u8]>),
+    /// A duration in the dialect's unit for interval arithmetic: seconds as a double on
+    /// PostgreSQL and SQLite, whole microseconds on MySQL.
+    Duration(std::time::Duration),
+}
+
+/// A statement of a dialect whose placeholders are positional (`?`): its text, and which
+/// of the seam's parameters each placeholder takes, in order — empty for the parameters in
+/// their own order.
+#[cfg(feature = "_sqlx")]
+#[derive(Debug)]
+pub struct Text {
+    pub(crate) sql: &'static str,
+    pub(crate) order: &'static [usize],
+}
+
+#[cfg(feature = "_sqlx")]
+impl Text {
+    /// A statement that takes the seam's parameters in their order.
+    pub(crate) const fn new(sql: &'static str) -> Self {
+        Self { sql, order: &[] }
+    }
+
+    /// A statement whose `n`-th placeholder takes the seam's parameter `order[n]`.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) const fn ordered(sql: &'static str, order: &'static [usize]) -> Self {
+        Self { sql, order }
+    }
+
+    /// The parameters in the order the placeholders take them.
+    pub(crate) fn params<'p, 'a>(
+        &self,
+        params: &'p [Param<'a>],
+    ) -> impl Iterator<Item = &'p Param<'a>> + 'p {
+        let order = self.order;
+        let reordered = order.iter().map(move |&at| &params[at]);
+        let in_order = params
+            .iter()
+            .take(if order.is_empty() { params.len() } else { 0 });
+        in_order.chain(reordered)
+    }
 }
 
 /// The statements written once over [`Queries`], in one driver's dialect: the same
@@ -74,6 +121,47 @@ pub struct Statements<S: ?Sized + 'static> {
     pub(crate) outbox_pending: &'static S,
     /// FAILED (parked) messages: count, age of the oldest.
     pub(crate) outbox_parked: &'static S,
+    /// A lease holder's fenced completion. Id, token, state, retryable, status, headers,
+    /// body, body key id, time to live.
+    pub(crate) lease_complete: &'static S,
+    /// A message's failed attempt, and its attempts since, unless it has succeeded. Group,
+    /// message id, payload digest, payload, payload key id, error, retention.
+    pub(crate) inbox_record_failure: &'static S,
+}
+
+/// The parameters of [`Statements::lease_complete`].
+pub(crate) fn lease_complete_params<'a>(
+    record: &'a NewRecord<'_>,
+    token: i64,
+    end: LeaseEnd,
+) -> [Param<'a>; 9] {
+    [
+        Param::Id(record.id),
+        Param::I64(token),
+        Param::Text(end.state()),
+        Param::Bool(end.retryable()),
+        Param::I16(i16::try_from(record.status.as_u16()).unwrap_or(i16::MAX)),
+        Param::Bytes(&record.headers),
+        Param::Bytes(&record.body.bytes),
+        Param::OptI16(record.body.key_id),
+        Param::Duration(record.ttl),
+    ]
+}
+
+/// The parameters of [`Statements::inbox_record_failure`].
+pub(crate) fn inbox_failure_params<'a>(
+    write: &'a InboxWrite<'_>,
+    error: &'a str,
+) -> [Param<'a>; 7] {
+    [
+        Param::Text(write.group),
+        Param::Text(write.message_id),
+        Param::OptBytes(write.payload_digest),
+        Param::OptBytes(write.payload),
+        Param::OptI16(write.payload_key_id),
+        Param::Text(error),
+        Param::Duration(write.retention),
+    ]
 }
 
 /// A database as the seam sees it: its statements, and how it runs one.
@@ -125,34 +213,45 @@ pub trait Queries: Send + Sync {
 }
 
 /// A driver's [`Statements`] from its dialect's constants, named as the fields in upper
-/// case: `statements!(sql::)`, or `statements!(&statement::)` for descriptors.
+/// case: `statements!(sql::)`, `statements!(&statement::)` for descriptors, or
+/// `statements!(text sql::)` for texts in [`Text`] (each field then overridable with
+/// struct update syntax, for a statement whose placeholders take the parameters in another
+/// order).
 macro_rules! statements {
-    ($($path:tt)*) => {
+    (@wrap [$($wrap:tt)*] $($path:tt)*) => {
         $crate::store::queries::Statements {
-            admin_message: $($path)* ADMIN_MESSAGE,
-            admin_failed_messages: $($path)* ADMIN_FAILED_MESSAGES,
-            admin_failed_page: $($path)* ADMIN_FAILED_PAGE,
-            admin_failed_groups: $($path)* ADMIN_FAILED_GROUPS,
-            admin_reset_inbox: $($path)* ADMIN_RESET_INBOX,
-            admin_record: $($path)* ADMIN_RECORD,
-            admin_archived: $($path)* ADMIN_ARCHIVED,
-            admin_stale: $($path)* ADMIN_STALE,
-            admin_stale_page: $($path)* ADMIN_STALE_PAGE,
-            admin_record_response: $($path)* ADMIN_RECORD_RESPONSE,
-            admin_release_lease: $($path)* ADMIN_RELEASE_LEASE,
-            admin_delete_record: $($path)* ADMIN_DELETE_RECORD,
-            admin_record_counts: $($path)* ADMIN_RECORD_COUNTS,
-            admin_outbox: $($path)* ADMIN_OUTBOX,
-            admin_requeue_outbox: $($path)* ADMIN_REQUEUE_OUTBOX,
-            admin_outbox_pending_page: $($path)* ADMIN_OUTBOX_PENDING_PAGE,
-            admin_outbox_parked_page: $($path)* ADMIN_OUTBOX_PARKED_PAGE,
-            schema_table: $($path)* SCHEMA_TABLE,
-            schema_version: $($path)* SCHEMA_VERSION,
-            stale_summary: $($path)* STALE_SUMMARY,
-            stale_ids: $($path)* STALE_IDS,
-            outbox_pending: $($path)* OUTBOX_PENDING,
-            outbox_parked: $($path)* OUTBOX_PARKED,
+            admin_message: $($wrap)* ($($path)* ADMIN_MESSAGE),
+            admin_failed_messages: $($wrap)* ($($path)* ADMIN_FAILED_MESSAGES),
+            admin_failed_page: $($wrap)* ($($path)* ADMIN_FAILED_PAGE),
+            admin_failed_groups: $($wrap)* ($($path)* ADMIN_FAILED_GROUPS),
+            admin_reset_inbox: $($wrap)* ($($path)* ADMIN_RESET_INBOX),
+            admin_record: $($wrap)* ($($path)* ADMIN_RECORD),
+            admin_archived: $($wrap)* ($($path)* ADMIN_ARCHIVED),
+            admin_stale: $($wrap)* ($($path)* ADMIN_STALE),
+            admin_stale_page: $($wrap)* ($($path)* ADMIN_STALE_PAGE),
+            admin_record_response: $($wrap)* ($($path)* ADMIN_RECORD_RESPONSE),
+            admin_release_lease: $($wrap)* ($($path)* ADMIN_RELEASE_LEASE),
+            admin_delete_record: $($wrap)* ($($path)* ADMIN_DELETE_RECORD),
+            admin_record_counts: $($wrap)* ($($path)* ADMIN_RECORD_COUNTS),
+            admin_outbox: $($wrap)* ($($path)* ADMIN_OUTBOX),
+            admin_requeue_outbox: $($wrap)* ($($path)* ADMIN_REQUEUE_OUTBOX),
+            admin_outbox_pending_page: $($wrap)* ($($path)* ADMIN_OUTBOX_PENDING_PAGE),
+            admin_outbox_parked_page: $($wrap)* ($($path)* ADMIN_OUTBOX_PARKED_PAGE),
+            schema_table: $($wrap)* ($($path)* SCHEMA_TABLE),
+            schema_version: $($wrap)* ($($path)* SCHEMA_VERSION),
+            stale_summary: $($wrap)* ($($path)* STALE_SUMMARY),
+            stale_ids: $($wrap)* ($($path)* STALE_IDS),
+            outbox_pending: $($wrap)* ($($path)* OUTBOX_PENDING),
+            outbox_parked: $($wrap)* ($($path)* OUTBOX_PARKED),
+            lease_complete: $($wrap)* ($($path)* LEASE_COMPLETE),
+            inbox_record_failure: $($wrap)* ($($path)* INBOX_RECORD_FAILURE),
         }
+    };
+    (text $($path:tt)*) => {
+        $crate::store::queries::statements!(@wrap [&$crate::store::queries::Text::new] $($path)*)
+    };
+    ($($path:tt)*) => {
+        $crate::store::queries::statements!(@wrap [] $($path)*)
     };
 }
 pub(crate) use statements;

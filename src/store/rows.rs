@@ -6,7 +6,7 @@ use crate::engine::archive::{ArchivedResponse, ArchivedRow, ExportStamp};
 use crate::engine::key::{RecordId, hex};
 use crate::engine::outbox::Outgoing;
 use crate::engine::record::decode_headers;
-use crate::engine::record::{Backlog, InboxRecord, RecordRow, StoredRow};
+use crate::engine::record::{Backlog, InboxClaim, InboxRecord, RecordRow, StoredRow};
 use crate::engine::view::InboxFailures;
 use crate::engine::view::{ArchivedRecord, MessageInfo, OutboxInfo, RecordInfo, epoch};
 
@@ -67,6 +67,16 @@ pub(crate) fn inbox_record<R: Row>(row: &R) -> Result<InboxRecord, R::Error> {
         live: row.boolean(3)?,
         payload_digest: row.opt_bytes(4)?,
     })
+}
+
+/// A message's claim under its lock: the transaction's connection, and the record the
+/// lookup `found`, decoded by [`inbox_record`].
+pub(crate) fn inbox_locked<R: Row, C>(
+    conn: C,
+    found: Option<&R>,
+) -> Result<InboxClaim<C>, R::Error> {
+    let record = found.map(inbox_record).transpose()?;
+    Ok(InboxClaim::Locked(conn, record))
 }
 
 /// The columns of `OUTBOX_LOCK_BATCH`: seq, message id, topic, ordering key, content type,
