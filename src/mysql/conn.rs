@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use futures_util::{FutureExt, StreamExt};
 
+use futures_util::future::BoxFuture;
+
 use ::sqlx::mysql::{MySql, MySqlArguments, MySqlDatabaseError, MySqlRow};
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::query::Query;
@@ -14,6 +16,7 @@ use ::sqlx::{
 
 use super::{MySqlStore, sql};
 use crate::engine::error::Error;
+use crate::store::queries::Text;
 
 /// A pooled connection the crate took out of the pool: possibly inside a transaction it
 /// began, possibly with its session settings changed (`autocommit`, the lock wait timeout).
@@ -87,6 +90,11 @@ impl MySqlConn {
             .execute(AssertSqlSafe(begin.to_owned()))
             .await?;
         Ok(())
+    }
+
+    /// Commits the transaction.
+    pub(super) async fn commit(&mut self) -> Result<(), ::sqlx::Error> {
+        self.finish(true).await
     }
 
     /// Ends the transaction (`COMMIT` or `ROLLBACK`) and restores the session in the same
@@ -421,16 +429,36 @@ impl crate::store::sqlx_tx::SqlxSlot for MySqlConn {
     fn persistent(&self) -> bool {
         MySqlConn::persistent(self)
     }
+
+    /// A failed statement resets the connection (its transaction is over).
+    async fn run_statement<T: Send>(
+        &mut self,
+        work: impl for<'c> FnOnce(&'c mut MySqlConnection) -> BoxFuture<'c, Result<T, ::sqlx::Error>>
+        + Send,
+    ) -> Result<T, ::sqlx::Error> {
+        let done = work(self.connection_mut()).await;
+        if done.is_err() {
+            self.reset().await;
+        }
+        done
+    }
 }
 
 // Every write of the console with its lock waits bounded.
+crate::store::sqlx_tx::impl_sqlx_tx_queries!(
+    MySqlConn,
+    row: MySqlRow,
+    rollback_work: sql::ROLLBACK_WORK,
+);
+
 crate::store::sqlx_tx::impl_sqlx_queries!(
     MySqlStore,
     row: MySqlRow,
     statements: [crate::store::queries::Statements {
         // Their placeholders take the values to set first, the row's key last.
-        lease_complete: &crate::store::queries::Text::ordered(sql::LEASE_COMPLETE, &[2, 3, 4, 5, 6, 7, 8, 0, 1]),
-        inbox_record_failure: &crate::store::queries::Text::ordered(sql::INBOX_RECORD_FAILURE, &[2, 3, 4, 5, 6, 0, 1]),
+        lease_complete: &Text::ordered(sql::LEASE_COMPLETE, &[2, 3, 4, 5, 6, 7, 8, 0, 1]),
+        inbox_record_failure: &Text::ordered(sql::INBOX_RECORD_FAILURE, &[2, 3, 4, 5, 6, 0, 1]),
+        inbox_record_success: &Text::ordered(sql::INBOX_RECORD_SUCCESS, &[2, 3, 4, 5, 6, 0, 1]),
         ..crate::store::queries::statements!(text sql::)
     }],
     affected: execute_bounded,

@@ -1,11 +1,12 @@
 //! `migrate` on MySQL/MariaDB: the start-up check of the server (its version, its packet
 //! limit), then the migration files, serialised by a `GET_LOCK` on a connection of its own.
 
-use ::sqlx::{Executor, MySqlConnection, MySqlPool, Row};
+use ::sqlx::{Executor, MySql, MySqlConnection, MySqlPool, Row};
 
 use super::conn::statement;
 use crate::engine::error::Error;
 use crate::store::migrations;
+use crate::store::sqlx_tx::{MigrationTable, apply_migrations};
 
 /// The table of applied migration versions.
 const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (
@@ -162,24 +163,12 @@ fn unsupported_version(version: &str) -> Option<String> {
 /// The pending migrations, each file's statements in one multi-statement round trip (DDL
 /// commits implicitly; every statement is safe to repeat).
 async fn apply(conn: &mut MySqlConnection) -> Result<(), Error> {
-    conn.execute(CREATE_MIGRATIONS_TABLE).await?;
-    let current: i32 = statement(super::sql::SCHEMA_VERSION, false)
-        .fetch_one(&mut *conn)
-        .await?
-        .try_get(0)?;
-    for migration in migrations::pending(migrations::MYSQL, current)? {
-        ::sqlx::raw_sql(migration.sql).execute(&mut *conn).await?;
-        statement(RECORD_MIGRATION, false)
-            .bind(migration.version)
-            .bind(migration.name)
-            .execute(&mut *conn)
-            .await?;
-        tracing::info!(
-            version = migration.version,
-            name = migration.name,
-            "applied migration"
-        );
-    }
+    let table = MigrationTable {
+        create: CREATE_MIGRATIONS_TABLE,
+        version: super::sql::SCHEMA_VERSION,
+        record: RECORD_MIGRATION,
+    };
+    apply_migrations::<MySql>(conn, &table, migrations::MYSQL).await?;
     Ok(())
 }
 

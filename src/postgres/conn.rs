@@ -6,9 +6,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::types::{IsNull, ToSql, Type};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
 use super::PgStore;
@@ -350,75 +349,4 @@ pub(crate) async fn begin_wait_and_look_up(
     let found = found?;
     saved?;
     Ok(Some(found))
-}
-
-/// The seam's statements, prepared once per connection, run on a pooled client.
-impl crate::store::queries::Queries for PgStore {
-    type Statement = Sql;
-    type Row = Row;
-
-    const STATEMENTS: crate::store::queries::Statements<Sql> =
-        crate::store::queries::statements!(&statement::);
-
-    async fn query_rows<T: Send>(
-        &self,
-        statement: &'static Sql,
-        params: &[crate::store::queries::Param<'_>],
-        map: fn(&Row) -> Result<T, tokio_postgres::Error>,
-    ) -> Result<Vec<T>, Error> {
-        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        self.rows(statement, &params, map).await
-    }
-
-    async fn query_affected(
-        &self,
-        statement: &'static Sql,
-        params: &[crate::store::queries::Param<'_>],
-    ) -> Result<u64, Error> {
-        let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
-        self.execute(statement, &params).await
-    }
-}
-
-/// A seam parameter as tokio-postgres binds it: as the value it carries (type-checked
-/// against the statement's parameter), a duration as seconds in a `float8`.
-impl ToSql for crate::store::queries::Param<'_> {
-    fn to_sql_checked(
-        &self,
-        ty: &Type,
-        out: &mut BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        use crate::store::queries::Param;
-        let seconds;
-        let value: &(dyn ToSql + Sync) = match self {
-            Param::Id(id) => id,
-            Param::Text(text) => text,
-            Param::OptText(text) => text,
-            Param::Bool(value) => value,
-            Param::I16(value) => value,
-            Param::OptI16(value) => value,
-            Param::I32(value) => value,
-            Param::I64(value) => value,
-            Param::Bytes(bytes) => bytes,
-            Param::OptBytes(bytes) => bytes,
-            Param::Duration(duration) => {
-                seconds = duration.as_secs_f64();
-                &seconds
-            }
-        };
-        value.to_sql_checked(ty, out)
-    }
-
-    fn to_sql(
-        &self,
-        ty: &Type,
-        out: &mut BytesMut,
-    ) -> Result<IsNull, Box<dyn std::error::Error + Sync + Send>> {
-        self.to_sql_checked(ty, out)
-    }
-
-    /// Each variant checks its own type, in `to_sql_checked`.
-    fn accepts(_: &Type) -> bool {
-        true
-    }
 }

@@ -19,6 +19,7 @@ mod maintenance;
 mod migrate;
 mod outbox;
 mod pool;
+mod queries;
 mod statement;
 mod store;
 mod tx;

@@ -49,6 +49,12 @@ impl SqliteConn {
     }
 }
 
+crate::store::sqlx_tx::impl_sqlx_tx_queries!(
+    SqliteConn,
+    row: SqliteRow,
+    rollback_work: sql::INBOX_ROLLBACK_WORK,
+);
+
 impl std::fmt::Debug for SqliteConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteConn")

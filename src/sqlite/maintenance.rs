@@ -8,7 +8,9 @@ use super::{SqliteStore, sql};
 use crate::engine::archive::{ArchivedRow, ExportStamp};
 use crate::engine::error::Error;
 use crate::engine::record::{RetentionParams, SweepBatch};
-use crate::store::{MaintenanceStore, rows};
+use crate::store::MaintenanceStore;
+use crate::store::queries::Text;
+use crate::store::sweep::{self, Sweeps};
 
 impl SqliteStore {
     /// An archiving batch: under the write lock (`BEGIN IMMEDIATE`), the batch's rowids,
@@ -65,53 +67,27 @@ impl SqliteStore {
     }
 }
 
+/// The sweeper's statements; an archiving purge is [`SqliteStore::purge_archiving`].
+const SWEEPS: Sweeps<Text> = Sweeps {
+    purge_records: &Text::new(sql::PURGE_RECORDS),
+    purge_records_archiving: None,
+    purge_messages: &Text::new(sql::PURGE_MESSAGES),
+    purge_outbox: &Text::new(sql::PURGE_OUTBOX),
+    purge_archive: &Text::new(sql::PURGE_ARCHIVE),
+    mark_stale_failed: &Text::new(sql::MARK_STALE_FAILED),
+    export_records: &Text::new(sql::EXPORT_RECORDS),
+};
+
 impl MaintenanceStore for SqliteStore {
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
-        let query = match batch {
-            SweepBatch::PurgeRecords(r) if r.archive.is_some() => {
-                return self.purge_archiving(r).await;
-            }
-            SweepBatch::PurgeArchive { older_than, limit } => self
-                .query(sql::PURGE_ARCHIVE)
-                .bind(older_than.as_secs_f64())
-                .bind(limit),
-            SweepBatch::PurgeRecords(r)
-            | SweepBatch::PurgeMessages(r)
-            | SweepBatch::PurgeOutbox(r) => {
-                let sql = match batch {
-                    SweepBatch::PurgeRecords(_) => sql::PURGE_RECORDS,
-                    SweepBatch::PurgeMessages(_) => sql::PURGE_MESSAGES,
-                    _ => sql::PURGE_OUTBOX,
-                };
-                let success = r.success_grace.as_secs_f64();
-                let failure = r.failure_retention.as_secs_f64();
-                self.query(sql)
-                    .bind(success)
-                    .bind(failure)
-                    .bind(success.min(failure))
-                    .bind(r.limit)
-            }
-            SweepBatch::MarkStaleFailed { after, limit } => self
-                .query(sql::MARK_STALE_FAILED)
-                .bind(after.as_secs_f64())
-                .bind(limit),
-        };
-        Ok(query.execute(&self.pool).await?.rows_affected())
+        match batch {
+            SweepBatch::PurgeRecords(r) if r.archive.is_some() => self.purge_archiving(r).await,
+            batch => sweep::batch(self, &SWEEPS, batch).await,
+        }
     }
 
     async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
-        let (success, failure) = (
-            r.success_grace.as_secs_f64(),
-            r.failure_retention.as_secs_f64(),
-        );
-        let query = self
-            .query(sql::EXPORT_RECORDS)
-            .bind(success)
-            .bind(failure)
-            .bind(success.min(failure))
-            .bind(r.limit)
-            .bind(r.archive.is_some_and(|a| a.keeps_response()));
-        self.rows(query, rows::archived_row).await
+        sweep::export(self, &SWEEPS, r).await
     }
 
     /// Under the write lock (`BEGIN IMMEDIATE`) for the batch only.

@@ -5,12 +5,13 @@ use std::time::Duration;
 
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::sqlite::Sqlite;
-use ::sqlx::{Connection, Executor, Row, SqliteConnection, SqlitePool};
+use ::sqlx::{Connection, Row, SqliteConnection, SqlitePool};
 
 use super::conn::{SQLITE_CANTOPEN, SQLITE_READONLY, is_busy, primary_code, statement};
 use super::sql;
 use crate::engine::error::Error;
 use crate::store::migrations;
+use crate::store::sqlx_tx::{MigrationTable, apply_migrations};
 
 /// How long `migrate` keeps asking for WAL while other connections hold the file (the
 /// switch takes an exclusive lock that SQLite's busy timeout does not wait for).
@@ -103,27 +104,13 @@ async fn journal_mode_wal(conn: &mut PoolConnection<Sqlite>) -> Result<String, :
 /// The pending migrations in `tx`, or a write that changes nothing when there are none: a
 /// read-only database fails here, at start-up, not on its first request.
 async fn apply(tx: &mut SqliteConnection) -> Result<(), Error> {
-    tx.execute(sql::CREATE_MIGRATIONS_TABLE).await?;
-    let current: i32 = statement(sql::SCHEMA_VERSION, false)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
-    let mut applied = false;
-    for migration in migrations::pending(migrations::SQLITE, current)? {
-        ::sqlx::raw_sql(migration.sql).execute(&mut *tx).await?;
-        statement(sql::RECORD_MIGRATION, false)
-            .bind(migration.version)
-            .bind(migration.name)
-            .execute(&mut *tx)
-            .await?;
-        applied = true;
-        tracing::info!(
-            version = migration.version,
-            name = migration.name,
-            "applied migration"
-        );
-    }
-    if !applied {
+    let table = MigrationTable {
+        create: sql::CREATE_MIGRATIONS_TABLE,
+        version: sql::SCHEMA_VERSION,
+        record: sql::RECORD_MIGRATION,
+    };
+    let (current, applied) = apply_migrations::<Sqlite>(tx, &table, migrations::SQLITE).await?;
+    if applied == 0 {
         statement(sql::PROBE_WRITE, false)
             .bind(current)
             .execute(&mut *tx)

@@ -4,6 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+
 use ::sqlx::pool::PoolConnection;
 use ::sqlx::postgres::{PgArguments, PgRow, PgTransactionManager, Postgres};
 use ::sqlx::query::Query;
@@ -124,6 +126,12 @@ impl SqlxConn {
     }
 }
 
+crate::store::sqlx_tx::impl_sqlx_tx_queries!(
+    SqlxConn,
+    row: PgRow,
+    rollback_work: sql::INBOX_ROLLBACK_WORK,
+);
+
 impl Drop for SqlxConn {
     fn drop(&mut self) {
         if let Some(conn) = self.conn.as_mut() {
@@ -221,24 +229,45 @@ impl SqlxStore {
         done
     }
 
+    /// Runs `query` on a connection of its own, bounded by the link's timeout; its rows.
     pub(super) async fn rows<T>(
         &self,
         query: Query<'static, Postgres, PgArguments>,
         map: fn(&PgRow) -> Result<T, ::sqlx::Error>,
     ) -> Result<Vec<T>, Error> {
-        let rows = self
-            .on_own_connection(|conn| Box::pin(query.fetch_all(conn)))
-            .await?;
-        Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+        self.rows_within(self.link.timeout, query, map).await
     }
 
-    /// Runs a write on a connection of its own; the rows it changed.
+    /// Runs a write on a connection of its own, bounded by the link's timeout; the rows it
+    /// changed.
     pub(super) async fn affected(
         &self,
         query: Query<'static, Postgres, PgArguments>,
     ) -> Result<u64, Error> {
+        self.affected_within(self.link.timeout, query).await
+    }
+
+    /// [`rows`](Self::rows) with a bound of its own.
+    pub(super) async fn rows_within<T>(
+        &self,
+        bound: Duration,
+        query: Query<'static, Postgres, PgArguments>,
+        map: fn(&PgRow) -> Result<T, ::sqlx::Error>,
+    ) -> Result<Vec<T>, Error> {
+        let rows = self
+            .on_own_connection_within(bound, |conn| Box::pin(query.fetch_all(conn)))
+            .await?;
+        Ok(rows.iter().map(map).collect::<Result<_, _>>()?)
+    }
+
+    /// [`affected`](Self::affected) with a bound of its own.
+    pub(super) async fn affected_within(
+        &self,
+        bound: Duration,
+        query: Query<'static, Postgres, PgArguments>,
+    ) -> Result<u64, Error> {
         let done = self
-            .on_own_connection(|conn| Box::pin(query.execute(conn)))
+            .on_own_connection_within(bound, |conn| Box::pin(query.execute(conn)))
             .await?;
         Ok(done.rows_affected())
     }
@@ -290,6 +319,17 @@ impl crate::store::sqlx_tx::SqlxSlot for SqlxConn {
     fn persistent(&self) -> bool {
         SqlxConn::persistent(self)
     }
+
+    /// Bounded by the link's timeout.
+    async fn run_statement<T: Send>(
+        &mut self,
+        work: impl for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, ::sqlx::Error>>
+        + Send,
+    ) -> Result<T, ::sqlx::Error> {
+        let link = self.link.clone();
+        link.within(Duration::ZERO, work(self.connection_mut()))
+            .await
+    }
 }
 
 crate::store::sqlx_tx::impl_sqlx_queries!(
@@ -297,4 +337,5 @@ crate::store::sqlx_tx::impl_sqlx_queries!(
     row: PgRow,
     statements: [crate::store::queries::statements!(text crate::store::sql::)],
     affected: affected,
+    batch_bound: super::maintenance::BATCH_BOUND,
 );

@@ -3,15 +3,13 @@
 
 use std::time::Duration;
 
-use ::sqlx::{Executor, Row};
+use ::sqlx::Executor;
 
 use super::SqlxStore;
-use super::conn::{SqlxConn, statement, timed_out, wait_lock};
+use super::conn::{SqlxConn, timed_out, wait_lock};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
-use crate::engine::record::{InboxClaim, InboxWrite};
-use crate::store::queries::Queries;
-use crate::store::queries::inbox_failure_params;
+use crate::engine::record::InboxClaim;
 use crate::store::{InboxStore, sql};
 
 impl InboxStore for SqlxStore {
@@ -38,42 +36,5 @@ impl InboxStore for SqlxStore {
         let savepoint = conn.connection_mut().execute(sql::INBOX_WORK_SAVEPOINT);
         link.within(Duration::ZERO, savepoint).await?;
         Ok(crate::store::rows::inbox_locked(conn, found.as_ref())?)
-    }
-
-    async fn inbox_commit(
-        conn: &mut SqlxConn,
-        write: &InboxWrite<'_>,
-        attempts: i32,
-    ) -> Result<(), Error> {
-        let link = conn.link.clone();
-        let record = statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
-            .bind(write.group)
-            .bind(write.message_id)
-            .bind(attempts)
-            .bind(write.payload_digest)
-            .bind(write.payload)
-            .bind(write.payload_key_id)
-            .bind(write.retention.as_secs_f64())
-            .execute(conn.connection_mut());
-        link.within(Duration::ZERO, record).await?;
-        conn.commit().await?;
-        Ok(())
-    }
-
-    async fn inbox_fail(
-        mut conn: SqlxConn,
-        write: &InboxWrite<'_>,
-        error: &str,
-    ) -> Result<Option<i32>, Error> {
-        let link = conn.link.clone();
-        let undo = conn.connection_mut().execute(sql::INBOX_ROLLBACK_WORK);
-        link.within(Duration::ZERO, undo).await?;
-        let params = inbox_failure_params(write, error);
-        let statement = Self::STATEMENTS.inbox_record_failure;
-        let recorded = crate::store::sqlx_tx::bound(statement, &params, conn.persistent());
-        let recorded = recorded.fetch_optional(conn.connection_mut());
-        let row = link.within(Duration::ZERO, recorded).await?;
-        conn.commit().await?;
-        Ok(row.map(|row| row.try_get(0)).transpose()?)
     }
 }

@@ -1,9 +1,10 @@
 //! `migrate` on sqlx: the shared migration files, in one transaction.
 
-use ::sqlx::{Executor, PgConnection, PgPool, Row};
+use ::sqlx::{PgConnection, PgPool, Postgres};
 
 use super::conn::statement;
 use crate::engine::error::Error;
+use crate::store::sqlx_tx::{MigrationTable, apply_migrations};
 use crate::store::{migrations, sql};
 
 /// Applies the migrations the pool's schema lacks. Unprepared throughout, like the
@@ -29,23 +30,11 @@ async fn apply(tx: &mut PgConnection) -> Result<(), Error> {
         .bind(migrations::MIGRATION_LOCK)
         .execute(&mut *tx)
         .await?;
-    tx.execute(sql::CREATE_MIGRATIONS_TABLE).await?;
-    let current: i32 = statement(sql::SCHEMA_VERSION, false)
-        .fetch_one(&mut *tx)
-        .await?
-        .try_get(0)?;
-    for migration in migrations::pending(migrations::POSTGRES, current)? {
-        ::sqlx::raw_sql(migration.sql).execute(&mut *tx).await?;
-        statement(sql::RECORD_MIGRATION, false)
-            .bind(migration.version)
-            .bind(migration.name)
-            .execute(&mut *tx)
-            .await?;
-        tracing::info!(
-            version = migration.version,
-            name = migration.name,
-            "applied migration"
-        );
-    }
+    let table = MigrationTable {
+        create: sql::CREATE_MIGRATIONS_TABLE,
+        version: sql::SCHEMA_VERSION,
+        record: sql::RECORD_MIGRATION,
+    };
+    apply_migrations::<Postgres>(tx, &table, migrations::POSTGRES).await?;
     Ok(())
 }

@@ -5,7 +5,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use super::queries::{Param, inbox_failure_params, lease_complete_params};
+use super::queries::{
+    Param, TxQueries, inbox_failure_params, inbox_success_params, lease_complete_params,
+};
 use super::rows;
 use super::{ConnOf, Store};
 use crate::engine::archive::{ArchivedRow, ExportStamp};
@@ -67,17 +69,33 @@ pub trait InboxStore: Store {
         conn: &mut ConnOf<Self>,
         write: &InboxWrite<'_>,
         attempts: i32,
-    ) -> impl Future<Output = Result<(), Error>> + Send;
+    ) -> impl Future<Output = Result<(), Error>> + Send {
+        async move {
+            let params = inbox_success_params(write, attempts);
+            let statement = Self::STATEMENTS.inbox_record_success;
+            conn.tx_affected(statement, &params).await?;
+            conn.tx_commit().await
+        }
+    }
 
     /// Rolls the consumer's work back to the savepoint taken after the message's lock,
     /// records the failed attempt under that lock and commits; `None` if the message has
     /// succeeded (it cannot, under the lock).
     #[doc(hidden)]
     fn inbox_fail(
-        conn: ConnOf<Self>,
+        mut conn: ConnOf<Self>,
         write: &InboxWrite<'_>,
         error: &str,
-    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send;
+    ) -> impl Future<Output = Result<Option<i32>, Error>> + Send {
+        async move {
+            conn.tx_rollback_work().await?;
+            let params = inbox_failure_params(write, error);
+            let statement = Self::STATEMENTS.inbox_record_failure;
+            let attempts = conn.tx_rows(statement, &params, rows::first_i32).await?;
+            conn.tx_commit().await?;
+            Ok(attempts.into_iter().next())
+        }
+    }
 
     /// Records a failed attempt in a transaction of its own (when the work kept its
     /// transaction): one autocommit statement; `None` if the message has meanwhile

@@ -22,6 +22,9 @@ pub(crate) mod rows;
 // PostgreSQL's statement texts, shared by its two drivers.
 #[cfg(any(feature = "postgres", feature = "sqlx"))]
 pub(crate) mod sql;
+// The sweeper's one-statement batches, written once.
+#[cfg(any(feature = "postgres", feature = "sqlx", feature = "sqlite"))]
+pub(crate) mod sweep;
 // The three sqlx drivers' handle, written once.
 #[cfg(feature = "_sqlx")]
 pub(crate) mod sqlx_tx;
@@ -34,7 +37,7 @@ pub(crate) use self::tx::TxHandle;
 use std::future::Future;
 use std::time::Duration;
 
-use self::queries::Queries;
+use self::queries::{Queries, TxQueries};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
@@ -51,7 +54,10 @@ use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord,
 pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
     /// What a handler or inbox work holds to run statements in the shared transaction.
     #[doc(hidden)]
-    type Handle: TxHandle<Target = Self::Tx>;
+    type Handle: TxHandle<
+            Target = Self::Tx,
+            Conn: TxQueries<Statement = Self::Statement, Row = <Self as Queries>::Row>,
+        >;
     /// What [`IdempotentTx`] derefs to.
     type Tx: ?Sized;
 

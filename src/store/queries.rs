@@ -127,6 +127,9 @@ pub struct Statements<S: ?Sized + 'static> {
     /// A message's failed attempt, and its attempts since, unless it has succeeded. Group,
     /// message id, payload digest, payload, payload key id, error, retention.
     pub(crate) inbox_record_failure: &'static S,
+    /// A message's success, on its locked row. Group, message id, attempts, payload digest,
+    /// payload, payload key id, retention.
+    pub(crate) inbox_record_success: &'static S,
 }
 
 /// The parameters of [`Statements::lease_complete`].
@@ -164,6 +167,19 @@ pub(crate) fn inbox_failure_params<'a>(
     ]
 }
 
+/// The parameters of [`Statements::inbox_record_success`].
+pub(crate) fn inbox_success_params<'a>(write: &'a InboxWrite<'_>, attempts: i32) -> [Param<'a>; 7] {
+    [
+        Param::Text(write.group),
+        Param::Text(write.message_id),
+        Param::I32(attempts),
+        Param::OptBytes(write.payload_digest),
+        Param::OptBytes(write.payload),
+        Param::OptI16(write.payload_key_id),
+        Param::Duration(write.retention),
+    ]
+}
+
 /// A database as the seam sees it: its statements, and how it runs one.
 #[doc(hidden)]
 pub trait Queries: Send + Sync {
@@ -190,6 +206,26 @@ pub trait Queries: Send + Sync {
         params: &[Param<'_>],
     ) -> impl Future<Output = Result<u64, Error>> + Send;
 
+    /// [`query_rows`](Self::query_rows) for one of the sweeper's batches, which may run far
+    /// longer than a request's statement on a healthy server.
+    fn batch_rows<T: Send>(
+        &self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+        map: Decoder<Self::Row, T>,
+    ) -> impl Future<Output = Result<Vec<T>, Error>> + Send {
+        self.query_rows(statement, params, map)
+    }
+
+    /// [`query_affected`](Self::query_affected) for one of the sweeper's batches.
+    fn batch_affected(
+        &self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+    ) -> impl Future<Output = Result<u64, Error>> + Send {
+        self.query_affected(statement, params)
+    }
+
     /// Runs `statement`, which returns at most one row; that row, decoded.
     fn query_opt<T: Send>(
         &self,
@@ -210,6 +246,39 @@ pub trait Queries: Send + Sync {
         let changed = self.query_affected(statement, params);
         async move { Ok(changed.await? == 1) }
     }
+}
+
+/// The seam on a connection inside the crate's transaction: a statement of the crate's own
+/// bookkeeping run there, the rollback to the savepoint taken after the claim's lock, and
+/// the commit. What the shared transaction holds implements it.
+#[doc(hidden)]
+pub trait TxQueries: Send {
+    /// As [`Queries::Statement`].
+    type Statement: ?Sized + Sync + 'static;
+    /// As [`Queries::Row`].
+    type Row: Row;
+
+    /// Runs `statement` with `params` in the transaction, each row decoded by `map`.
+    fn tx_rows<T: Send>(
+        &mut self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+        map: Decoder<Self::Row, T>,
+    ) -> impl Future<Output = Result<Vec<T>, Error>> + Send;
+
+    /// Runs `statement` with `params` in the transaction; the rows it changed.
+    fn tx_affected(
+        &mut self,
+        statement: &'static Self::Statement,
+        params: &[Param<'_>],
+    ) -> impl Future<Output = Result<u64, Error>> + Send;
+
+    /// Rolls back to the savepoint taken after the claim's lock: the work undone, the lock
+    /// kept.
+    fn tx_rollback_work(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Commits the transaction.
+    fn tx_commit(&mut self) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// A driver's [`Statements`] from its dialect's constants, named as the fields in upper
@@ -245,6 +314,7 @@ macro_rules! statements {
             outbox_parked: $($wrap)* ($($path)* OUTBOX_PARKED),
             lease_complete: $($wrap)* ($($path)* LEASE_COMPLETE),
             inbox_record_failure: $($wrap)* ($($path)* INBOX_RECORD_FAILURE),
+            inbox_record_success: $($wrap)* ($($path)* INBOX_RECORD_SUCCESS),
         }
     };
     (text $($path:tt)*) => {
