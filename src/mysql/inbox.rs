@@ -8,8 +8,7 @@ use ::sqlx::{Executor, Row};
 
 use super::MySqlStore;
 use super::conn::{
-    MySqlConn, lock_refused, lock_wait_seconds, micros, savepoint_error, statement,
-    transaction_lost,
+    MySqlConn, lock_refused, lock_wait_seconds, savepoint_error, statement, transaction_lost,
 };
 use super::sql;
 use crate::engine::error::Error;
@@ -17,7 +16,7 @@ use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxWrite};
 use crate::store::InboxStore;
 use crate::store::queries::Queries;
-use crate::store::queries::inbox_failure_params;
+use crate::store::queries::{TxQueries, inbox_failure_params, inbox_success_params};
 
 impl InboxStore for MySqlStore {
     /// `BEGIN` (READ COMMITTED, `autocommit = 0`, lock waits bounded by `wait` in whole
@@ -65,26 +64,12 @@ impl InboxStore for MySqlStore {
             conn.reset().await;
             return Err(savepoint_error(e));
         }
-        let done = statement(sql::INBOX_RECORD_SUCCESS, conn.persistent())
-            .bind(attempts)
-            .bind(write.payload_digest)
-            .bind(write.payload)
-            .bind(write.payload_key_id)
-            .bind(micros(write.retention))
-            .bind(write.group)
-            .bind(write.message_id)
-            .execute(conn.connection_mut())
-            .await;
-        match done {
-            Ok(done) if done.rows_affected() == 1 => {}
-            Ok(_) => {
-                conn.reset().await;
-                return Err(transaction_lost());
-            }
-            Err(e) => {
-                conn.reset().await;
-                return Err(e.into());
-            }
+        // A failed statement has reset the connection (`run_statement`).
+        let params = inbox_success_params(write, attempts);
+        let success = Self::STATEMENTS.inbox_record_success;
+        if conn.tx_affected(success, &params).await? != 1 {
+            conn.reset().await;
+            return Err(transaction_lost());
         }
         conn.finish(true).await?;
         Ok(())

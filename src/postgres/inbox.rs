@@ -11,7 +11,7 @@ use super::statement::{self, Db};
 use crate::engine::error::Error;
 use crate::engine::key::RecordId;
 use crate::engine::record::{InboxClaim, InboxWrite};
-use crate::store::queries::inbox_failure_params;
+use crate::store::queries::{TxQueries, inbox_failure_params};
 use crate::store::{InboxStore, sql};
 
 impl InboxStore for PgStore {
@@ -77,8 +77,8 @@ impl InboxStore for PgStore {
         write: &InboxWrite<'_>,
         error: &str,
     ) -> Result<Option<i32>, Error> {
+        conn.tx_rollback_work().await?;
         let db = Db::new(conn.pooled(), conn.prepared());
-        db.client().batch_execute(sql::INBOX_ROLLBACK_WORK).await?;
         let statement = db.prepare(&statement::INBOX_RECORD_FAILURE).await?;
         let params = inbox_failure_params(write, error);
         let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as _).collect();
