@@ -63,7 +63,7 @@ impl LeaseStore for MySqlStore {
             return Ok(LeaseClaim::Raced);
         };
         if !row.try_get::<bool, _>(10)? {
-            let found = rows::record_row(row, 9)?;
+            let found = rows::lookup(row)?;
             conn.reset().await;
             return Ok(LeaseClaim::not_acquired(Some(found), record.fingerprint));
         }

@@ -17,7 +17,7 @@ use super::{batch, sql};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
+use crate::engine::record::{Claim, CommitError, Completion, NewRecord};
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows};
 
@@ -114,7 +114,7 @@ impl Store for MySqlStore {
                 .bind(key)
                 .fetch_optional(conn.connection_mut())
                 .await?;
-            let peeked = peeked.map(|row| rows::record_row(&row, 9)).transpose()?;
+            let peeked = peeked.map(|row| rows::lookup(&row)).transpose()?;
             if let Some(claim) = Claim::from_peek(peeked) {
                 // Outside any transaction: the connection goes back to the pool as it is.
                 return Ok((claim, conn));
@@ -145,7 +145,7 @@ impl Store for MySqlStore {
             .bind(key)
             .fetch_optional(conn.connection_mut())
             .await?;
-        let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
+        let found = found.map(|row| rows::lookup(&row)).transpose()?;
         match Claim::decide(true, found, fingerprint) {
             Claim::Run { replaces } => {
                 let server = self.server(&mut conn).await?;
@@ -216,14 +216,5 @@ impl Store for MySqlStore {
 
     async fn rollback(mut conn: MySqlConn) {
         conn.reset().await;
-    }
-
-    async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
-        let row = self
-            .query(sql::LOOKUP)
-            .bind(&id.as_bytes()[..])
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|row| rows::record_row(&row, 9)).transpose()?)
     }
 }

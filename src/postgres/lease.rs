@@ -42,7 +42,7 @@ impl LeaseStore for PgStore {
         }
         let lookup = db.prepare(&statement::LOOKUP).await?;
         let found = db.query_opt(&lookup, &[&record.id]).await?;
-        let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
+        let found = found.map(|row| rows::lookup(&row)).transpose()?;
         Ok(LeaseClaim::not_acquired(found, record.fingerprint))
     }
 }

@@ -76,8 +76,11 @@ impl crate::store::queries::TxQueries for TxConn {
             .await?)
     }
 
+    /// A lazy claim's transaction that sent no statement has nothing to commit.
     async fn tx_commit(&mut self) -> Result<(), Error> {
-        self.client().batch_execute("COMMIT").await?;
+        if !self.is_lazy() {
+            self.client().batch_execute("COMMIT").await?;
+        }
         self.mark_ended();
         Ok(())
     }

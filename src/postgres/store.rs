@@ -13,7 +13,7 @@ use super::tx::PgTx;
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord, RecordRow};
+use crate::engine::record::{Claim, CommitError, Completion, Deferred, NewRecord};
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows, sql};
 
@@ -78,7 +78,7 @@ impl Store for PgStore {
             let lookup = db.prepare(&statement::LOOKUP).await?;
             let lookup_params: [&(dyn ToSql + Sync); 1] = [&id];
             let peeked = db.query_opt(&lookup, &lookup_params).await?;
-            let Some(peeked) = peeked.map(|row| rows::record_row(&row, 9)).transpose()? else {
+            let Some(peeked) = peeked.map(|row| rows::lookup(&row)).transpose()? else {
                 conn.set_optimistic(self.optimistic);
                 return Ok((Claim::Run { replaces: false }, conn));
             };
@@ -99,7 +99,7 @@ impl Store for PgStore {
             begin?;
             let locked: bool = locked?.try_get(0)?;
             conn.begun(true, false);
-            let found = found?.map(|row| rows::record_row(&row, 9)).transpose()?;
+            let found = found?.map(|row| rows::lookup(&row)).transpose()?;
             return Ok((Claim::decide(locked, found, fingerprint), conn));
         };
         let conn = TxConn::new(self.checkout().await?, self.prepared);
@@ -111,7 +111,7 @@ impl Store for PgStore {
         else {
             return Ok((Claim::InFlight, conn));
         };
-        let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
+        let found = found.map(|row| rows::lookup(&row)).transpose()?;
         Ok((Claim::decide(true, found, fingerprint), conn))
     }
 
@@ -232,28 +232,12 @@ impl Store for PgStore {
         Ok(TxConn::plain(self.checkout().await?, self.prepared))
     }
 
-    async fn commit_plain(conn: &mut TxConn) -> Result<(), Error> {
-        if !conn.is_lazy() {
-            conn.client().batch_execute("COMMIT").await?;
-        }
-        conn.mark_ended();
-        Ok(())
-    }
-
     async fn rollback(conn: TxConn) {
         conn.rollback().await;
     }
 
     fn deferred(conn: &TxConn) -> Deferred {
         conn.deferred()
-    }
-
-    async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
-        let conn = self.checkout().await?;
-        let db = self.db(&*conn);
-        let lookup = db.prepare(&statement::LOOKUP).await?;
-        let row = db.query_opt(&lookup, &[&id]).await?;
-        Ok(row.map(|row| rows::record_row(&row, 9)).transpose()?)
     }
 }
 

@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use ::sqlx::Row;
 
-use super::store::record_row;
 use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::record::{Claim, Existing, LeaseClaim, NewRecord};
-use crate::store::{LeaseStore, Store};
+use crate::store::{LeaseStore, Store, rows};
 
 impl LeaseStore for SqliteStore {
     /// A look-up outside any transaction answers a replay, a 422 or a 409 for a live lease
@@ -33,7 +32,7 @@ impl LeaseStore for SqliteStore {
             .bind(&record.id.as_bytes()[..])
             .fetch_optional(conn.connection_mut())
             .await?;
-        let took_over = match found.as_ref().map(record_row).transpose()? {
+        let took_over = match found.as_ref().map(rows::lookup).transpose()? {
             Some(row) => {
                 let existing = Existing::from(row);
                 if !existing.can_be_replaced_by(record.fingerprint) {

@@ -13,16 +13,11 @@ use super::{SqliteStore, sql};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
+use crate::engine::record::{Claim, CommitError, Completion, NewRecord};
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows};
 
 impl_row!(SqliteRow, ::sqlx::Error);
-
-/// The columns of [`sql::LOOKUP`], `body_key_id` last.
-pub(super) fn record_row(row: &SqliteRow) -> Result<RecordRow, ::sqlx::Error> {
-    rows::record_row(row, 9)
-}
 
 impl Store for SqliteStore {
     type Handle = SqliteTx;
@@ -57,7 +52,7 @@ impl Store for SqliteStore {
             .bind(&id.as_bytes()[..])
             .fetch_optional(&mut *pooled)
             .await?;
-        let peeked = peeked.as_ref().map(record_row).transpose()?;
+        let peeked = peeked.as_ref().map(rows::lookup).transpose()?;
         if let Some(claim) = Claim::from_peek(peeked) {
             // Outside any transaction: the connection goes back to the pool as it is.
             return Ok((claim, self.ended()));
@@ -76,7 +71,7 @@ impl Store for SqliteStore {
             .bind(&id.as_bytes()[..])
             .fetch_optional(conn.connection_mut())
             .await?;
-        let found = found.as_ref().map(record_row).transpose()?;
+        let found = found.as_ref().map(rows::lookup).transpose()?;
         let claim = Claim::decide(true, found, fingerprint);
         if matches!(claim, Claim::Run { .. }) {
             conn.key = Some(self.in_flight.enter(id));
@@ -142,24 +137,11 @@ impl Store for SqliteStore {
         SqliteStore::begin(self).await
     }
 
-    async fn commit_plain(conn: &mut SqliteConn) -> Result<(), Error> {
-        Ok(conn.commit().await?)
-    }
-
     async fn rollback(mut conn: SqliteConn) {
         if let Some(tx) = conn.tx.take() {
             if let Err(error) = tx.rollback().await {
                 tracing::debug!(%error, "ROLLBACK failed");
             }
         }
-    }
-
-    async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
-        let row = self
-            .query(sql::LOOKUP)
-            .bind(&id.as_bytes()[..])
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.as_ref().map(record_row).transpose()?)
     }
 }

@@ -15,7 +15,7 @@ use super::conn::{
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
-use crate::engine::record::{Claim, CommitError, Completion, NewRecord, RecordRow};
+use crate::engine::record::{Claim, CommitError, Completion, NewRecord};
 use crate::store::rows::impl_row;
 use crate::store::{Store, rows, sql};
 
@@ -80,7 +80,7 @@ impl Store for SqlxStore {
             if peeked.as_ref().is_err_and(broke_connection) {
                 pooled.close_on_drop();
             }
-            let peeked = peeked?.map(|row| rows::record_row(&row, 9)).transpose()?;
+            let peeked = peeked?.map(|row| rows::lookup(&row)).transpose()?;
             if let Some(claim) = Claim::from_peek(peeked) {
                 // Outside any transaction: the connection goes back to the pool as it is.
                 return Ok((claim, self.ended()));
@@ -119,7 +119,7 @@ impl Store for SqlxStore {
                     .fetch_optional(conn.connection_mut()),
             )
             .await?;
-        let found = found.map(|row| rows::record_row(&row, 9)).transpose()?;
+        let found = found.map(|row| rows::lookup(&row)).transpose()?;
         Ok((Claim::decide(true, found, fingerprint), conn))
     }
 
@@ -192,24 +192,12 @@ impl Store for SqlxStore {
         SqlxStore::begin(self).await
     }
 
-    async fn commit_plain(conn: &mut SqlxConn) -> Result<(), Error> {
-        Ok(conn.commit().await?)
-    }
-
     async fn rollback(mut conn: SqlxConn) {
         if conn.is_open() {
             if let Err(error) = conn.rollback().await {
                 tracing::debug!(%error, "ROLLBACK failed; the connection is closed");
             }
         }
-    }
-
-    async fn lookup(&self, id: RecordId) -> Result<Option<RecordRow>, Error> {
-        let query = self.query(sql::LOOKUP).bind(id);
-        let row = self
-            .on_own_connection(|conn| Box::pin(query.fetch_optional(conn)))
-            .await?;
-        Ok(row.map(|row| rows::record_row(&row, 9)).transpose()?)
     }
 
     async fn link_lost(&self) -> Error {

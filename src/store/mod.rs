@@ -37,7 +37,7 @@ pub(crate) use self::tx::TxHandle;
 use std::future::Future;
 use std::time::Duration;
 
-use self::queries::{Queries, TxQueries};
+use self::queries::{Param, Queries, TxQueries};
 use crate::engine::error::Error;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::RecordId;
@@ -122,7 +122,9 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
 
     /// Commits a plain transaction.
     #[doc(hidden)]
-    fn commit_plain(conn: &mut ConnOf<Self>) -> impl Future<Output = Result<(), Error>> + Send;
+    fn commit_plain(conn: &mut ConnOf<Self>) -> impl Future<Output = Result<(), Error>> + Send {
+        conn.tx_commit()
+    }
 
     /// Rolls back and waits until the connection is clean (or discarded).
     #[doc(hidden)]
@@ -130,8 +132,16 @@ pub trait Store: Clone + Send + Sync + 'static + sealed::Sealed + Queries {
 
     /// The record of `id` outside any transaction (after the primary key caught a race).
     #[doc(hidden)]
-    fn lookup(&self, id: RecordId)
-    -> impl Future<Output = Result<Option<RecordRow>, Error>> + Send;
+    fn lookup(
+        &self,
+        id: RecordId,
+    ) -> impl Future<Output = Result<Option<RecordRow>, Error>> + Send {
+        let statement = Self::STATEMENTS.lookup;
+        async move {
+            self.query_opt(statement, &[Param::Id(id)], rows::lookup)
+                .await
+        }
+    }
 
     /// Resolves, with the error to report, once the database is found unreachable while a
     /// handler's (or an Inbox consumer's) statements run, for a driver whose connections

@@ -74,6 +74,9 @@ impl Text {
 /// parameters, in the same order, and the same columns, whatever the database.
 #[derive(Debug)]
 pub struct Statements<S: ?Sized + 'static> {
+    /// A record's claim columns ([`rows::lookup`](super::rows::lookup)), outside any
+    /// transaction. Id.
+    pub(crate) lookup: &'static S,
     /// A message's record. Group, message id.
     pub(crate) admin_message: &'static S,
     /// A group's FAILED messages, newest first. Group, limit.
@@ -289,6 +292,7 @@ pub trait TxQueries: Send {
 macro_rules! statements {
     (@wrap [$($wrap:tt)*] $($path:tt)*) => {
         $crate::store::queries::Statements {
+            lookup: $($wrap)* ($($path)* LOOKUP),
             admin_message: $($wrap)* ($($path)* ADMIN_MESSAGE),
             admin_failed_messages: $($wrap)* ($($path)* ADMIN_FAILED_MESSAGES),
             admin_failed_page: $($wrap)* ($($path)* ADMIN_FAILED_PAGE),

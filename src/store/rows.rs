@@ -109,8 +109,13 @@ pub(crate) fn first_bytes<R: Row>(row: &R) -> Result<Vec<u8>, R::Error> {
     row.bytes(0)
 }
 
-/// The columns of [`sql::LOOKUP`](super::sql::LOOKUP); the claim function returns the
-/// same, with `locked` and `found` before `body_key_id`, which is at `body_key_id`.
+/// The columns of a record's look-up ([`Statements::lookup`](super::queries::Statements)).
+pub(crate) fn lookup<R: Row>(row: &R) -> Result<RecordRow, R::Error> {
+    record_row(row, 9)
+}
+
+/// The columns of [`lookup`]'s statement, but for `body_key_id`, which is at
+/// `body_key_id`: the claim function returns them with `locked` and `found` before it.
 pub(crate) fn record_row<R: Row>(row: &R, body_key_id: usize) -> Result<RecordRow, R::Error> {
     Ok(RecordRow {
         status: row.i16(0)?,
