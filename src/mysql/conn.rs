@@ -459,6 +459,8 @@ crate::store::sqlx_tx::impl_sqlx_queries!(
         lease_complete: &Text::ordered(sql::LEASE_COMPLETE, &[2, 3, 4, 5, 6, 7, 8, 0, 1]),
         inbox_record_failure: &Text::ordered(sql::INBOX_RECORD_FAILURE, &[2, 3, 4, 5, 6, 0, 1]),
         inbox_record_success: &Text::ordered(sql::INBOX_RECORD_SUCCESS, &[2, 3, 4, 5, 6, 0, 1]),
+        // Whether the archive keeps the response first, the limit last.
+        export_records: &Text::ordered(sql::EXPORT_RECORDS, &[4, 4, 4, 2, 0, 1, 3]),
         ..crate::store::queries::statements!(text sql::)
     }],
     affected: execute_bounded,

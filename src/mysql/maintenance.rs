@@ -12,11 +12,11 @@ use ::sqlx::{AssertSqlSafe, Row};
 use super::MySqlStore;
 use super::conn::micros;
 use super::sql;
-use crate::engine::archive::{ArchivedRow, ExportStamp};
+use crate::engine::archive::ExportStamp;
 use crate::engine::error::Error;
 use crate::engine::key::hex;
-use crate::engine::record::{RetentionParams, SweepBatch};
-use crate::store::{MaintenanceStore, rows};
+use crate::engine::record::SweepBatch;
+use crate::store::MaintenanceStore;
 
 /// Rows settled per round trip: a batch's statements are sent as one multi-statement text
 /// of at most this many, far below the server's `max_allowed_packet` even for the longest
@@ -212,21 +212,6 @@ impl MaintenanceStore for MySqlStore {
                 self.sweep_locked(select, Key::Archived, &statements).await
             }
         }
-    }
-
-    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
-        let (success, failure) = (micros(r.success_grace), micros(r.failure_retention));
-        let keep = r.archive.is_some_and(|a| a.keeps_response());
-        let query = self
-            .query(sql::EXPORT_RECORDS)
-            .bind(keep)
-            .bind(keep)
-            .bind(keep)
-            .bind(success.min(failure))
-            .bind(success)
-            .bind(failure)
-            .bind(r.limit);
-        self.rows(query, rows::archived_row).await
     }
 
     /// One statement per record (see [`MySqlStore::sweep_locked`] for why never `IN (…)`),

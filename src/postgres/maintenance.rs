@@ -3,9 +3,9 @@
 
 use super::PgStore;
 use super::statement::{self, Sql};
-use crate::engine::archive::{ArchivedRow, ExportStamp};
+use crate::engine::archive::ExportStamp;
 use crate::engine::error::Error;
-use crate::engine::record::{RetentionParams, SweepBatch};
+use crate::engine::record::SweepBatch;
 use crate::store::MaintenanceStore;
 use crate::store::sql::export_columns;
 use crate::store::sweep::{self, Sweeps};
@@ -18,16 +18,11 @@ const SWEEPS: Sweeps<Sql> = Sweeps {
     purge_outbox: &statement::PURGE_OUTBOX,
     purge_archive: &statement::PURGE_ARCHIVE,
     mark_stale_failed: &statement::MARK_STALE_FAILED,
-    export_records: &statement::EXPORT_RECORDS,
 };
 
 impl MaintenanceStore for PgStore {
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
         sweep::batch(self, &SWEEPS, batch).await
-    }
-
-    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
-        sweep::export(self, &SWEEPS, r).await
     }
 
     async fn purge_exported(&self, stamps: &[ExportStamp]) -> Result<u64, Error> {

@@ -5,7 +5,7 @@
 use ::sqlx::Row;
 
 use super::{SqliteStore, sql};
-use crate::engine::archive::{ArchivedRow, ExportStamp};
+use crate::engine::archive::ExportStamp;
 use crate::engine::error::Error;
 use crate::engine::record::{RetentionParams, SweepBatch};
 use crate::store::MaintenanceStore;
@@ -75,7 +75,6 @@ const SWEEPS: Sweeps<Text> = Sweeps {
     purge_outbox: &Text::new(sql::PURGE_OUTBOX),
     purge_archive: &Text::new(sql::PURGE_ARCHIVE),
     mark_stale_failed: &Text::new(sql::MARK_STALE_FAILED),
-    export_records: &Text::new(sql::EXPORT_RECORDS),
 };
 
 impl MaintenanceStore for SqliteStore {
@@ -84,10 +83,6 @@ impl MaintenanceStore for SqliteStore {
             SweepBatch::PurgeRecords(r) if r.archive.is_some() => self.purge_archiving(r).await,
             batch => sweep::batch(self, &SWEEPS, batch).await,
         }
-    }
-
-    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
-        sweep::export(self, &SWEEPS, r).await
     }
 
     /// Under the write lock (`BEGIN IMMEDIATE`) for the batch only.

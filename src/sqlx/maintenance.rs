@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use super::SqlxStore;
-use crate::engine::archive::{ArchivedRow, ExportStamp};
+use crate::engine::archive::ExportStamp;
 use crate::engine::error::Error;
-use crate::engine::record::{RetentionParams, SweepBatch};
+use crate::engine::record::SweepBatch;
 use crate::store::queries::Text;
 use crate::store::sql::export_columns;
 use crate::store::sweep::{self, Sweeps};
@@ -25,16 +25,11 @@ const SWEEPS: Sweeps<Text> = Sweeps {
     purge_outbox: &Text::new(sql::PURGE_OUTBOX),
     purge_archive: &Text::new(sql::PURGE_ARCHIVE),
     mark_stale_failed: &Text::new(sql::MARK_STALE_FAILED),
-    export_records: &Text::new(sql::EXPORT_RECORDS),
 };
 
 impl MaintenanceStore for SqlxStore {
     async fn sweep_batch(&self, batch: SweepBatch) -> Result<u64, Error> {
         sweep::batch(self, &SWEEPS, batch).await
-    }
-
-    async fn export_batch(&self, r: RetentionParams) -> Result<Vec<ArchivedRow>, Error> {
-        sweep::export(self, &SWEEPS, r).await
     }
 
     async fn purge_exported(&self, stamps: &[ExportStamp]) -> Result<u64, Error> {

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::queries::{
     Param, TxQueries, inbox_failure_params, inbox_success_params, lease_complete_params,
+    retention_params,
 };
 use super::rows;
 use super::{ConnOf, Store};
@@ -294,7 +295,14 @@ pub trait MaintenanceStore: Store {
     fn export_batch(
         &self,
         retention: RetentionParams,
-    ) -> impl Future<Output = Result<Vec<ArchivedRow>, Error>> + Send;
+    ) -> impl Future<Output = Result<Vec<ArchivedRow>, Error>> + Send {
+        async move {
+            let params = retention_params(retention);
+            let statement = Self::STATEMENTS.export_records;
+            self.batch_rows(statement, &params, rows::archived_row)
+                .await
+        }
+    }
 
     /// Deletes the exported records still as they were exported (same id, creation and
     /// update time), skipping rows a live request holds; the rows deleted.

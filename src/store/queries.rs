@@ -8,7 +8,7 @@ use std::future::Future;
 
 use super::rows::Row;
 use crate::engine::error::Error;
-use crate::engine::record::{InboxWrite, LeaseEnd, NewRecord};
+use crate::engine::record::{InboxWrite, LeaseEnd, NewRecord, RetentionParams};
 
 /// A row decoder of [`rows`](super::rows), for one driver's row type.
 pub(crate) type Decoder<R, T> = fn(&R) -> Result<T, <R as Row>::Error>;
@@ -133,6 +133,22 @@ pub struct Statements<S: ?Sized + 'static> {
     /// A message's success, on its locked row. Group, message id, attempts, payload digest,
     /// payload, payload key id, retention.
     pub(crate) inbox_record_success: &'static S,
+    /// The records a purge of expired records would purge, for an archive sink, read, not
+    /// locked: [`retention_params`].
+    pub(crate) export_records: &'static S,
+}
+
+/// The parameters of a purge ([`Statements::export_records`], the sweeper's purges): the
+/// success grace, the failure retention, the earlier of the two, the batch's limit, and
+/// whether the archive keeps the response.
+pub(crate) fn retention_params(r: RetentionParams) -> [Param<'static>; 5] {
+    [
+        Param::Duration(r.success_grace),
+        Param::Duration(r.failure_retention),
+        Param::Duration(r.success_grace.min(r.failure_retention)),
+        Param::I64(r.limit),
+        Param::Bool(r.archive.is_some_and(|a| a.keeps_response())),
+    ]
 }
 
 /// The parameters of [`Statements::lease_complete`].
@@ -319,6 +335,7 @@ macro_rules! statements {
             lease_complete: $($wrap)* ($($path)* LEASE_COMPLETE),
             inbox_record_failure: $($wrap)* ($($path)* INBOX_RECORD_FAILURE),
             inbox_record_success: $($wrap)* ($($path)* INBOX_RECORD_SUCCESS),
+            export_records: $($wrap)* ($($path)* EXPORT_RECORDS),
         }
     };
     (text $($path:tt)*) => {

@@ -1,13 +1,12 @@
 //! The sweeper's batches where each is one autocommit statement (PostgreSQL on either
-//! client, SQLite), and the archive's export, written once over the query seam: a dialect
-//! gives its texts in [`Sweeps`]. MySQL sweeps in its own way (a locking read, then one
+//! client, SQLite), written once over the query seam: a dialect gives its texts in
+//! [`Sweeps`]. MySQL sweeps in its own way (a locking read, then one
 //! statement per key) and does not use this.
 
-use super::queries::{Param, Queries};
+use super::queries::{Param, Queries, retention_params};
 use super::rows;
-use crate::engine::archive::ArchivedRow;
 use crate::engine::error::Error;
-use crate::engine::record::{RetentionParams, SweepBatch};
+use crate::engine::record::SweepBatch;
 
 /// A dialect's statements of the sweeper. The purges take the success grace, the failure
 /// retention, the earlier of the two and the batch's limit; the archiving purge and the
@@ -28,19 +27,6 @@ pub(crate) struct Sweeps<S: ?Sized + 'static> {
     pub(crate) purge_archive: &'static S,
     /// PROCESSING records past their lease by a margin. Margin, limit.
     pub(crate) mark_stale_failed: &'static S,
-    /// The records [`purge_records`](Self::purge_records) would purge, for an archive sink.
-    pub(crate) export_records: &'static S,
-}
-
-/// A purge's parameters (the first four) and the archive's choice (the fifth).
-fn retention_params(r: RetentionParams) -> [Param<'static>; 5] {
-    [
-        Param::Duration(r.success_grace),
-        Param::Duration(r.failure_retention),
-        Param::Duration(r.success_grace.min(r.failure_retention)),
-        Param::I64(r.limit),
-        Param::Bool(r.archive.is_some_and(|a| a.keeps_response())),
-    ]
 }
 
 /// One of the sweeper's batches; the rows it affected.
@@ -78,16 +64,4 @@ pub(crate) async fn batch<Q: Queries>(
         }
     };
     store.batch_affected(statement, &params[..4]).await
-}
-
-/// A batch of the records `retention` would purge, read, not locked.
-pub(crate) async fn export<Q: Queries>(
-    store: &Q,
-    sweeps: &Sweeps<Q::Statement>,
-    retention: RetentionParams,
-) -> Result<Vec<ArchivedRow>, Error> {
-    let params = retention_params(retention);
-    store
-        .batch_rows(sweeps.export_records, &params, rows::archived_row)
-        .await
 }
