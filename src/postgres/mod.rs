@@ -12,7 +12,6 @@
 
 mod conn;
 mod inbox;
-mod lease;
 mod link;
 mod listen;
 mod maintenance;

@@ -12,6 +12,11 @@ use super::statement::{self, Db, Sql};
 use crate::engine::error::Error;
 use crate::store::sql;
 
+/// Lease mode: the upsert, prepared like the seam's statements.
+impl crate::store::UpsertLease for PgStore {
+    const LEASE_ACQUIRE: &'static Sql = &statement::LEASE_ACQUIRE;
+}
+
 /// The seam's statements, prepared once per connection, run on a pooled client.
 impl crate::store::queries::Queries for PgStore {
     type Statement = Sql;

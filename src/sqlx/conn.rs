@@ -15,6 +15,7 @@ use sqlx_core::transaction::TransactionManager;
 use super::SqlxStore;
 use super::link::Link;
 use crate::engine::error::Error;
+use crate::store::queries::Text;
 use crate::store::sql;
 
 /// A pooled sqlx connection and the transaction the crate began on it.
@@ -196,20 +197,7 @@ impl SqlxStore {
     }
 
     /// Runs `statement` on a pooled connection of its own, checkout and statement bounded
-    /// by the link's timeout; a connection whose statement failed on the link is closed.
-    pub(super) async fn on_own_connection<T>(
-        &self,
-        statement: impl for<'c> FnOnce(
-            &'c mut PgConnection,
-        )
-            -> futures_util::future::BoxFuture<'c, Result<T, ::sqlx::Error>>,
-    ) -> Result<T, ::sqlx::Error> {
-        self.on_own_connection_within(self.link.timeout, statement)
-            .await
-    }
-
-    /// [`on_own_connection`](Self::on_own_connection) with a bound of its own, for
-    /// statements that may run longer than the link timeout on a healthy server.
+    /// together by `bound`; a connection whose statement failed on the link is closed.
     pub(super) async fn on_own_connection_within<T>(
         &self,
         bound: Duration,
@@ -330,6 +318,11 @@ impl crate::store::sqlx_tx::SqlxSlot for SqlxConn {
         link.within(Duration::ZERO, work(self.connection_mut()))
             .await
     }
+}
+
+/// Lease mode: the upsert of the tokio-postgres driver.
+impl crate::store::UpsertLease for SqlxStore {
+    const LEASE_ACQUIRE: &'static Text = &Text::new(sql::LEASE_ACQUIRE);
 }
 
 crate::store::sqlx_tx::impl_sqlx_queries!(

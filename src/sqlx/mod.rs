@@ -42,7 +42,6 @@
 
 mod conn;
 mod inbox;
-mod lease;
 mod link;
 mod listen;
 mod maintenance;

@@ -16,6 +16,9 @@
 //! inside a transaction.
 
 mod abilities;
+// Lease mode as one upsert (PostgreSQL on either client), written once.
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+mod lease_upsert;
 pub(crate) mod migrations;
 pub(crate) mod queries;
 pub(crate) mod rows;
@@ -31,6 +34,8 @@ pub(crate) mod sqlx_tx;
 mod tx;
 
 pub use self::abilities::{InboxStore, LeaseStore, MaintenanceStore, OutboxStore};
+#[cfg(any(feature = "postgres", feature = "sqlx"))]
+pub(crate) use self::lease_upsert::UpsertLease;
 pub use self::tx::IdempotentTx;
 pub(crate) use self::tx::TxHandle;
 
