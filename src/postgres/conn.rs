@@ -116,6 +116,12 @@ impl TxConn {
         self.id
     }
 
+    /// Whether a transaction may be open on the connection: begun, or its `BEGIN` sent
+    /// (or about to be, in a pipeline whose future may have been dropped midway).
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.in_transaction.load(Ordering::Acquire)
+    }
+
     /// Whether no statement has been sent yet on a lazy claim's connection.
     pub(crate) fn is_lazy(&self) -> bool {
         self.begin.load(Ordering::Acquire) == LAZY

@@ -81,9 +81,11 @@ impl crate::store::queries::TxQueries for TxConn {
             .await?)
     }
 
-    /// A lazy claim's transaction that sent no statement has nothing to commit.
+    /// A plain transaction whose handler sent no statement never began: nothing to
+    /// commit. One whose first statement's pipeline was dropped midway may have begun, so
+    /// it commits rather than go back to the pool inside a transaction.
     async fn tx_commit(&mut self) -> Result<(), Error> {
-        if !self.is_lazy() {
+        if self.in_transaction() {
             self.client().batch_execute("COMMIT").await?;
         }
         self.mark_ended();

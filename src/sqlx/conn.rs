@@ -320,7 +320,7 @@ impl crate::store::sqlx_tx::SqlxSlot for SqlxConn {
     }
 }
 
-/// Lease mode: the upsert of the tokio-postgres driver.
+/// Lease mode: the upsert, the text tokio-postgres runs too.
 impl crate::store::UpsertLease for SqlxStore {
     const LEASE_ACQUIRE: &'static Text = &Text::new(sql::LEASE_ACQUIRE);
 }

@@ -9,8 +9,9 @@ use crate::engine::error::Error;
 use crate::engine::record::SweepBatch;
 
 /// A dialect's statements of the sweeper. The purges take the success grace, the failure
-/// retention, the earlier of the two and the batch's limit; the archiving purge and the
-/// export also take whether the archive keeps the response.
+/// retention, the earlier of the two and the batch's limit
+/// ([`retention_params`](super::queries::retention_params)); the archiving purge also takes
+/// whether the archive keeps the response.
 #[derive(Debug)]
 pub(crate) struct Sweeps<S: ?Sized + 'static> {
     /// Expired records past their state's retention.
