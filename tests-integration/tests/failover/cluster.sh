@@ -301,8 +301,17 @@ case "$command" in
         load
         # Both nodes: after a failover the old primary becomes the standby, and its own
         # setting decides then.
+        # The monitor may refuse a change while the keepers report their state (it has
+        # answered with a deadlock between its own functions); the setting is idempotent,
+        # so a refused change is asked again, within a bound.
         for node in node1 node2; do
-            as_pg pg_autoctl set node replication-quorum false --pgdata "$DIR/$node" >/dev/null
+            attempt=1
+            until out="$(as_pg pg_autoctl set node replication-quorum false \
+                --pgdata "$DIR/$node" 2>&1)"; do
+                [ "$attempt" -lt 10 ] || die "$node keeps its replication quorum: $out"
+                attempt=$((attempt + 1))
+                sleep 1
+            done
         done
         deadline=$((SECONDS + 60))
         until [ -z "$(node_sql "$(primary)" "SHOW synchronous_standby_names")" ]; do
